@@ -1,0 +1,394 @@
+#!/usr/bin/env python3
+"""One-command serving benchmark of plain decoding, EAGLE3, adaptive EAGLE3 and EAGLE3_DYNAMIC.
+
+    python benchmark/sweep.py run --model-path M --draft-model-path D --out DIR [options]
+    python benchmark/sweep.py report --inputs A/results.json B/results.json --out DIR
+
+`run` starts each selected configuration's server in turn, drives it with sglang.bench_serving
+at every concurrency, stops it, and writes results.json, report.md and plots into --out.
+`report` merges result files of several `run`s into one results.json, report.md and plots.
+See benchmark/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sweeplib import bench, configs, mode_counters, results, server, ttft_probe
+from sweeplib.report import write_report
+
+logger = logging.getLogger("sweep")
+
+RESULTS_FILE = "results.json"
+ADAPTIVE_CONFIG_FILE = "adaptive_config.json"
+SERVER_LOGS_FILE = "server_logs_tail.txt"
+ERROR_TAIL_LINES = 30
+BENCH_OUTPUT_TAIL_CHARS = 2000
+
+FULL_DEFAULTS = {
+    "concurrencies": "1,4,16,64,128",
+    "output_len": 256,
+    "waves": 3,
+    "min_prompts": 8,
+    "probe_requests": 3,
+}
+QUICK_DEFAULTS = {
+    "concurrencies": "1,64",
+    "output_len": 64,
+    "waves": 1,
+    "min_prompts": 4,
+    "probe_requests": 2,
+}
+
+
+@dataclass
+class Deadline:
+    """The time budget of a whole sweep; None means unlimited."""
+
+    budget_s: float | None
+    started: float = field(default_factory=time.monotonic)
+
+    def remaining_s(self) -> float:
+        if self.budget_s is None:
+            return float("inf")
+        return self.budget_s - (time.monotonic() - self.started)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    config_names: list[str]
+    concurrencies: list[int]
+    setup: configs.ServerSetup
+    bench_settings: bench.BenchSettings
+    server_env: dict[str, str]
+    waves: int
+    min_prompts: int
+    probe_requests: int
+    server_timeout_s: float
+    bench_timeout_s: float
+    min_config_window_s: float
+    log_tail_lines: int
+
+
+def parse_int_list(text: str) -> list[int]:
+    values = [int(part) for part in text.split(",") if part.strip()]
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"expected a comma-separated list of positive integers, got {text!r}")
+    return sorted(set(values))
+
+
+def parse_env_assignments(assignments: list[str]) -> dict[str, str]:
+    env = {}
+    for assignment in assignments:
+        name, sep, value = assignment.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--server-env expects NAME=VALUE, got {assignment!r}")
+        env[name] = value
+    return env
+
+
+def run_record(config: str, concurrency: int, num_prompts: int, status: str, error: str | None = None) -> dict:
+    return {
+        "config": config, "concurrency": concurrency, "num_prompts": num_prompts,
+        "status": status, "error": error, "wall_s": None,
+        "metrics": {}, "ttft_diagnostics": {}, "mode_counters": None,
+    }
+
+
+def bench_one_concurrency(plan: SweepPlan, running: server.RunningServer, concurrency: int,
+                          scratch: Path, deadline: Deadline) -> dict:
+    num_prompts = bench.prompts_for_concurrency(concurrency, plan.waves, plan.min_prompts)
+    timeout_s = min(plan.bench_timeout_s, deadline.remaining_s())
+    if timeout_s <= 0:
+        return run_record(running.config, concurrency, num_prompts, "skipped", "time budget spent")
+    output_file = scratch / f"bench_{running.config}_c{concurrency}.jsonl"
+    command = bench.bench_command(plan.bench_settings, plan.setup.host, plan.setup.port,
+                                  concurrency, num_prompts, str(output_file))
+    before = mode_counters.find_mode_counters(server.fetch_server_info(running.base_url))
+    started = time.monotonic()
+    exit_code, output = bench.run_bench_command(command, timeout_s)
+    wall_s = time.monotonic() - started
+    after = mode_counters.find_mode_counters(server.fetch_server_info(running.base_url))
+    result_line = bench.last_json_line(output_file.read_text()) if output_file.exists() else None
+    if exit_code != 0 or result_line is None:
+        record = run_record(running.config, concurrency, num_prompts, "failed",
+                            f"bench_serving exit code {exit_code}; output tail:\n{output[-BENCH_OUTPUT_TAIL_CHARS:]}")
+        record["wall_s"] = wall_s
+        return record
+    parsed = bench.parse_bench_result(result_line)
+    completed = parsed.metrics.get("completed") or 0
+    record = run_record(
+        running.config, concurrency, num_prompts,
+        results.RUN_OK if completed == num_prompts else "incomplete",
+        None if completed == num_prompts else f"{completed} of {num_prompts} requests completed",
+    )
+    record.update(wall_s=wall_s, metrics=parsed.metrics, ttft_diagnostics=parsed.ttft_diagnostics,
+                  mode_counters={"before": before, "after": after,
+                                 "delta": mode_counters.counter_delta(before, after)})
+    return record
+
+
+def progress_line(record: dict) -> str:
+    if record["status"] != results.RUN_OK:
+        return f"[{record['config']}] c={record['concurrency']}: {record['status']}: {(record['error'] or '').splitlines()[0]}"
+    m = record["metrics"]
+    line = (
+        f"[{record['config']}] c={record['concurrency']} n={record['num_prompts']}: "
+        f"{m['output_throughput']:.0f} tok/s, {m['request_throughput']:.2f} req/s, "
+        f"TTFT {m['median_ttft_ms']:.1f}/{m['p99_ttft_ms']:.1f} ms, "
+        f"TPOT {m['median_tpot_ms']:.2f}/{m['p99_tpot_ms']:.2f} ms (median/p99), "
+        f"accept {m['accept_length'] if m['accept_length'] is None else round(m['accept_length'], 2)}, "
+        f"{record['wall_s']:.1f} s"
+    )
+    delta = (record.get("mode_counters") or {}).get("delta")
+    if delta and delta["speculative_step_fraction"] is not None:
+        line += (f", speculative steps {100 * delta['speculative_step_fraction']:.0f}%, "
+                 f"switches to plain {delta['switches_to_plain']} / to spec {delta['switches_to_speculative']}")
+    return line
+
+
+def config_record(plan: SweepPlan, config: str, command: list[str]) -> dict:
+    return {
+        "status": "skipped", "error": None, "server_command": command,
+        "server_env": plan.server_env, "startup_s": None, "max_running_requests": None,
+        "server_version": None, "ttft_probe": None,
+    }
+
+
+def sweep_config(plan: SweepPlan, config: str, document: dict, out_dir: Path,
+                 scratch: Path, deadline: Deadline) -> str:
+    """Serve and benchmark one configuration; record everything into `document`.
+    Returns the trimmed server log for the log-tail file."""
+    command = configs.server_command(config, plan.setup)
+    record = config_record(plan, config, command)
+    document["configs"][config] = record
+    if deadline.remaining_s() < plan.min_config_window_s:
+        record["error"] = "time budget spent"
+        logger.warning("[%s] skipped: %.0f s of the time budget left", config, deadline.remaining_s())
+        return ""
+    if server.port_accepts_connections(plan.setup.host, plan.setup.port):
+        record.update(status="failed_to_start", error=f"port {plan.setup.port} is already in use")
+        logger.error("[%s] port %d is already in use; is another server running?", config, plan.setup.port)
+        return ""
+    log_path = scratch / f"server_{config}.log"
+    logger.info("[%s] starting: %s", config, shlex.join(command))
+    running = server.start_server(config, command, plan.server_env, log_path,
+                                  server.base_url_of(plan.setup.host, plan.setup.port))
+    try:
+        record["startup_s"] = server.wait_until_healthy(
+            running, min(plan.server_timeout_s, deadline.remaining_s()), ERROR_TAIL_LINES)
+        info = server.fetch_server_info(running.base_url)
+        record.update(status=results.RUN_OK,
+                      max_running_requests=server.effective_max_running_requests(info),
+                      server_version=(info or {}).get("version"))
+        logger.info("[%s] healthy after %.0f s, effective max running requests %s",
+                    config, record["startup_s"], record["max_running_requests"])
+        if plan.probe_requests > 0:
+            record["ttft_probe"] = ttft_probe.run_probe(
+                plan.setup.host, plan.setup.port, plan.bench_settings.input_len,
+                plan.bench_settings.output_len, plan.probe_requests,
+                plan.bench_settings.seed, plan.bench_timeout_s)
+            probe = record["ttft_probe"]
+            logger.info("[%s] TTFT probe (ms): cold token %s; warm median token %s, text %s, E2E %s",
+                        config, *(None if v is None else round(v, 1) for v in (
+                            probe["cold_token_ttft_ms"], probe["warm_median_token_ttft_ms"],
+                            probe["warm_median_text_ttft_ms"], probe["warm_median_e2e_ms"])))
+        for concurrency in plan.concurrencies:
+            run = bench_one_concurrency(plan, running, concurrency, scratch, deadline)
+            document["runs"].append(run)
+            results.save_results(document, out_dir / RESULTS_FILE)
+            logger.info("%s", progress_line(run))
+            if not server.server_is_running(running):
+                raise server.ServerStartError(
+                    f"[{config}] server died during the c={concurrency} run; last log lines:\n"
+                    f"{server.log_tail(log_path, ERROR_TAIL_LINES)}")
+    except server.ServerStartError as error:
+        record.update(status="failed" if record["status"] == results.RUN_OK else "failed_to_start",
+                      error=str(error))
+        logger.error("%s", error)
+    except (OSError, RuntimeError, ValueError) as error:
+        record.update(status="failed", error=f"{type(error).__name__}: {error}")
+        logger.error("[%s] %s: %s", config, type(error).__name__, error)
+    finally:
+        server.stop_server(running)
+        logger.info("[%s] server stopped", config)
+    return server.log_tail(log_path, plan.log_tail_lines)
+
+
+def build_plan(args: argparse.Namespace, out_dir: Path) -> SweepPlan:
+    defaults = QUICK_DEFAULTS if args.quick else FULL_DEFAULTS
+    resolved = {key: getattr(args, key) if getattr(args, key) is not None else value
+                for key, value in defaults.items()}
+    config_names = configs.parse_config_list(args.configs)
+    adaptive_config_path = args.adaptive_config
+    if configs.ADAPTIVE in config_names and adaptive_config_path is None:
+        adaptive_config_path = str((out_dir / ADAPTIVE_CONFIG_FILE).resolve())
+        configs.write_adaptive_config(Path(adaptive_config_path))
+    setup = configs.ServerSetup(
+        model_path=args.model_path,
+        draft_model_path=args.draft_model_path,
+        load_format=args.load_format,
+        host=args.host,
+        port=args.port,
+        common_args=tuple(shlex.split(args.common_args)),
+        dynamic_args=tuple(shlex.split(args.dynamic_args)),
+        adaptive_config_path=adaptive_config_path,
+        spec_shape=configs.SpeculativeShape(args.spec_steps, args.spec_topk, args.spec_draft_tokens),
+    )
+    bench_settings = bench.BenchSettings(
+        tokenizer=args.tokenizer or args.model_path,
+        input_len=args.input_len,
+        output_len=resolved["output_len"],
+        seed=args.seed,
+        visible_special_tokens=args.visible_special_tokens,
+        extra_args=tuple(shlex.split(args.bench_args)),
+    )
+    return SweepPlan(
+        config_names=config_names,
+        concurrencies=parse_int_list(resolved["concurrencies"]),
+        setup=setup,
+        bench_settings=bench_settings,
+        server_env=parse_env_assignments(args.server_env),
+        waves=resolved["waves"],
+        min_prompts=resolved["min_prompts"],
+        probe_requests=resolved["probe_requests"],
+        server_timeout_s=args.server_timeout_s,
+        bench_timeout_s=args.bench_timeout_s,
+        min_config_window_s=args.min_config_window_s,
+        log_tail_lines=args.log_tail_lines,
+    )
+
+
+def plan_settings(plan: SweepPlan) -> dict:
+    return {
+        "configs": plan.config_names,
+        "concurrencies": plan.concurrencies,
+        "input_len": plan.bench_settings.input_len,
+        "output_len": plan.bench_settings.output_len,
+        "waves": plan.waves,
+        "min_prompts": plan.min_prompts,
+        "probe_requests": plan.probe_requests,
+        "visible_special_tokens": plan.bench_settings.visible_special_tokens,
+        "bench_extra_args": list(plan.bench_settings.extra_args),
+        "server_env": plan.server_env,
+    }
+
+
+def write_server_logs(out_dir: Path, tails: dict[str, str]) -> None:
+    text = "".join(f"===== {config}: last lines of the server log =====\n{tail}\n" for config, tail in tails.items())
+    (out_dir / SERVER_LOGS_FILE).write_text(text)
+
+
+def command_run(args: argparse.Namespace) -> int:
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    deadline = Deadline(args.time_budget_s)
+    plan = build_plan(args, out_dir)
+    document = results.new_results_document([sys.executable] + sys.argv, plan_settings(plan))
+    logger.info("sweep: configs %s, concurrencies %s, output %d tokens, results in %s",
+                ",".join(plan.config_names), plan.concurrencies, plan.bench_settings.output_len, out_dir)
+    scratch = Path(tempfile.mkdtemp(prefix="sweep-"))
+    tails: dict[str, str] = {}
+    try:
+        for config in plan.config_names:
+            tails[config] = sweep_config(plan, config, document, out_dir, scratch, deadline)
+            results.save_results(document, out_dir / RESULTS_FILE)
+    finally:
+        results.save_results(document, out_dir / RESULTS_FILE)
+        write_server_logs(out_dir, tails)
+        shutil.rmtree(scratch, ignore_errors=True)
+    for path in write_report(document, out_dir):
+        logger.info("wrote %s", path)
+    all_ok = all(c["status"] == results.RUN_OK for c in document["configs"].values()) and all(
+        r["status"] == results.RUN_OK for r in document["runs"])
+    return 0 if all_ok else 1
+
+
+def command_report(args: argparse.Namespace) -> int:
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    document = results.merge_results([results.load_results(Path(p)) for p in args.inputs])
+    results.save_results(document, out_dir / RESULTS_FILE)
+    for path in [out_dir / RESULTS_FILE, *write_report(document, out_dir)]:
+        logger.info("wrote %s", path)
+    return 0
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-path", required=True, help="target model (path or hub id)")
+    parser.add_argument("--draft-model-path", help="EAGLE-3 draft model; needed by eagle3, adaptive, dynamic")
+    parser.add_argument("--tokenizer", help="tokenizer for bench_serving (default: --model-path)")
+    parser.add_argument("--load-format", help="e.g. dummy; also sets --speculative-draft-load-format")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--configs", default=",".join(configs.CONFIG_NAMES),
+                        help="comma-separated subset of %(default)s, run in the given order")
+    parser.add_argument("--concurrencies", help=f"comma-separated (default {FULL_DEFAULTS['concurrencies']}, "
+                                                f"--quick {QUICK_DEFAULTS['concurrencies']})")
+    parser.add_argument("--input-len", type=int, default=512, help="prompt tokens (default %(default)s)")
+    parser.add_argument("--output-len", type=int, help=f"output tokens (default {FULL_DEFAULTS['output_len']}, "
+                                                       f"--quick {QUICK_DEFAULTS['output_len']})")
+    parser.add_argument("--waves", type=int, help="prompts per run = max(min-prompts, waves x concurrency) "
+                                                  f"(default {FULL_DEFAULTS['waves']}, --quick {QUICK_DEFAULTS['waves']})")
+    parser.add_argument("--min-prompts", type=int, help=f"(default {FULL_DEFAULTS['min_prompts']}, "
+                                                        f"--quick {QUICK_DEFAULTS['min_prompts']})")
+    parser.add_argument("--probe-requests", type=int,
+                        help="sequential TTFT probe requests per server, 0 = no probe "
+                             f"(default {FULL_DEFAULTS['probe_requests']}, --quick {QUICK_DEFAULTS['probe_requests']})")
+    parser.add_argument("--quick", action="store_true", help="short smoke sweep; explicit flags still win")
+    parser.add_argument("--common-args", default=configs.DEFAULT_COMMON_ARGS,
+                        help="server flags for every configuration (default: %(default)s)")
+    parser.add_argument("--dynamic-args", default="",
+                        help="extra flags for the dynamic server only, e.g. "
+                             "'--speculative-disable-batch-threshold 24 --speculative-enable-batch-threshold 16 "
+                             "--speculative-switch-patience 4'")
+    parser.add_argument("--adaptive-config", help="adaptive config JSON (default: write one with steps <= 3 into --out)")
+    parser.add_argument("--spec-steps", type=int, default=3, help="--speculative-num-steps (default %(default)s)")
+    parser.add_argument("--spec-topk", type=int, default=1, help="--speculative-eagle-topk (default %(default)s)")
+    parser.add_argument("--spec-draft-tokens", type=int, default=4,
+                        help="--speculative-num-draft-tokens (default %(default)s)")
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="environment variable for every server, repeatable (e.g. SGLANG_SIMULATE_ACC_LEN=3.0)")
+    parser.add_argument("--visible-special-tokens", action="store_true",
+                        help="bench requests with skip_special_tokens=False (see README: TTFT under simulated acceptance)")
+    parser.add_argument("--bench-args", default="", help="extra sglang.bench_serving flags for every run")
+    parser.add_argument("--seed", type=int, default=1, help="bench_serving and probe seed (default %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--server-timeout-s", type=float, default=300.0,
+                        help="longest wait for a server to become healthy (default %(default)s)")
+    parser.add_argument("--bench-timeout-s", type=float, default=300.0,
+                        help="longest bench_serving run (default %(default)s)")
+    parser.add_argument("--time-budget-s", type=float,
+                        help="stop starting servers or runs after this many seconds (default: no limit)")
+    parser.add_argument("--min-config-window-s", type=float, default=120.0,
+                        help="skip a configuration when less of the time budget is left (default %(default)s)")
+    parser.add_argument("--log-tail-lines", type=int, default=200,
+                        help=f"server log lines kept per configuration in {SERVER_LOGS_FILE} (default %(default)s)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_run_arguments(subparsers.add_parser("run", help="serve and benchmark the configurations"))
+    report = subparsers.add_parser("report", help="merge result files and write the report and plots")
+    report.add_argument("--inputs", nargs="+", required=True, help="results.json files of earlier runs")
+    report.add_argument("--out", required=True, help="output folder")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    args = build_parser().parse_args(argv)
+    return command_run(args) if args.command == "run" else command_report(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Server command lines of the compared configurations.
+
+Every configuration starts from the same base command (model, host, port, load format and the
+user's common arguments); only the speculative flags appended to it differ.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+PLAIN = "plain"
+EAGLE3 = "eagle3"
+ADAPTIVE = "adaptive"
+DYNAMIC = "dynamic"
+CONFIG_NAMES: tuple[str, ...] = (PLAIN, EAGLE3, ADAPTIVE, DYNAMIC)
+SPECULATIVE_CONFIGS = frozenset({EAGLE3, ADAPTIVE, DYNAMIC})
+
+# The GPU machine's recipe (shared/gpu/README.md): FA3 is not in the runtime kit, flashinfer
+# attention would JIT-compile on every fresh machine, and prefill CUDA-graph capture costs ~60 s
+# per server start.
+DEFAULT_COMMON_ARGS = (
+    "--attention-backend triton --sampling-backend pytorch --disable-prefill-cuda-graph "
+    "--mem-fraction-static 0.80 --cuda-graph-max-bs 128"
+)
+
+# sglang's DEFAULT_ADAPTIVE_CONFIG (srt/speculative/adaptive_spec_params.py) with its 7-step
+# candidate dropped: that default crashed in CUDA-graph capture while building the steps=7
+# state. Keys are batch sizes; a batch uses the entry of the largest key <= its (CUDA-graph
+# padded) size.
+ADAPTIVE_CONFIG_UP_TO_3_STEPS: dict[str, dict[str, object]] = {
+    "1": {"candidate_steps": [1, 3], "up_hysteresis": 0.0, "down_hysteresis": -0.25, "ceiling_coeff": 0},
+    "8": {"candidate_steps": [0, 1, 3], "up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0},
+    "32": {"candidate_steps": [0, 1], "up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0},
+    "64": {"candidate_steps": [0], "up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0},
+}
+
+
+@dataclass(frozen=True)
+class SpeculativeShape:
+    """The EAGLE draft shape shared by every speculative configuration."""
+
+    num_steps: int = 3
+    eagle_topk: int = 1
+    num_draft_tokens: int = 4
+
+
+@dataclass(frozen=True)
+class ServerSetup:
+    """Everything needed to build the server command of any configuration."""
+
+    model_path: str
+    draft_model_path: str | None
+    load_format: str | None
+    host: str
+    port: int
+    common_args: tuple[str, ...]
+    dynamic_args: tuple[str, ...]
+    adaptive_config_path: str | None
+    spec_shape: SpeculativeShape
+    python: str = sys.executable
+
+
+def base_server_command(setup: ServerSetup) -> list[str]:
+    command = [
+        setup.python, "-m", "sglang.launch_server",
+        "--model-path", setup.model_path,
+        "--host", setup.host,
+        "--port", str(setup.port),
+    ]
+    if setup.load_format:
+        command += ["--load-format", setup.load_format]
+    return command + list(setup.common_args)
+
+
+def _draft_args(setup: ServerSetup, algorithm: str) -> list[str]:
+    if not setup.draft_model_path:
+        raise ValueError(f"--speculative-algorithm {algorithm} needs a draft model path")
+    shape = setup.spec_shape
+    args = [
+        "--speculative-algorithm", algorithm,
+        "--speculative-draft-model-path", setup.draft_model_path,
+    ]
+    if setup.load_format:
+        args += ["--speculative-draft-load-format", setup.load_format]
+    return args + [
+        "--speculative-num-steps", str(shape.num_steps),
+        "--speculative-eagle-topk", str(shape.eagle_topk),
+        "--speculative-num-draft-tokens", str(shape.num_draft_tokens),
+    ]
+
+
+def speculative_args(config: str, setup: ServerSetup) -> list[str]:
+    """The flags that distinguish `config` from plain decoding."""
+    if config == PLAIN:
+        return []
+    if config == EAGLE3:
+        return _draft_args(setup, "EAGLE3")
+    if config == ADAPTIVE:
+        if not setup.adaptive_config_path:
+            raise ValueError("the adaptive configuration needs an adaptive config file")
+        return _draft_args(setup, "EAGLE3") + [
+            "--speculative-adaptive",
+            "--speculative-adaptive-config", setup.adaptive_config_path,
+        ]
+    if config == DYNAMIC:
+        return _draft_args(setup, "EAGLE3_DYNAMIC") + list(setup.dynamic_args)
+    raise ValueError(f"unknown configuration {config!r}; known: {', '.join(CONFIG_NAMES)}")
+
+
+def server_command(config: str, setup: ServerSetup) -> list[str]:
+    return base_server_command(setup) + speculative_args(config, setup)
+
+
+def write_adaptive_config(path: Path) -> None:
+    path.write_text(json.dumps(ADAPTIVE_CONFIG_UP_TO_3_STEPS, indent=2) + "\n")
+
+
+def parse_config_list(text: str) -> list[str]:
+    """Parse 'plain,eagle3' into a list of known configuration names, in the given order."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in CONFIG_NAMES]
+    if unknown or not names:
+        raise ValueError(
+            f"bad configuration list {text!r}; choose from {', '.join(CONFIG_NAMES)}"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"configuration listed twice in {text!r}")
+    return names

@@ -1,0 +1,287 @@
+"""Markdown tables and PNG plots from a result document (see results.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sweeplib.configs import CONFIG_NAMES
+from sweeplib.results import RUN_OK, successful_runs
+
+REPORT_FILE = "report.md"
+THROUGHPUT_PLOT_FILE = "throughput.png"
+TPOT_PLOT_FILE = "tpot.png"
+
+LATENCY_TABLES: tuple[tuple[str, str, str], ...] = (
+    ("TTFT (ms), median / p99", "median_ttft_ms", "p99_ttft_ms"),
+    ("TPOT (ms), median / p99", "median_tpot_ms", "p99_tpot_ms"),
+    ("ITL (ms), median / p99", "median_itl_ms", "p99_itl_ms"),
+)
+
+
+def ordered_configs(names: set[str]) -> list[str]:
+    """Known configurations in their canonical order, then any others alphabetically."""
+    return [n for n in CONFIG_NAMES if n in names] + sorted(names - set(CONFIG_NAMES))
+
+
+def metric_grid(document: dict, metric: str) -> dict[int, dict[str, float]]:
+    """{concurrency: {config: value}} over successful runs that have the metric."""
+    grid: dict[int, dict[str, float]] = {}
+    for run in successful_runs(document):
+        value = run["metrics"].get(metric)
+        if value is not None:
+            grid.setdefault(int(run["concurrency"]), {})[run["config"]] = float(value)
+    return grid
+
+
+def ratio_to_best_other(values: dict[str, float], config: str) -> float | None:
+    """values[config] divided by the largest value of any other configuration; None if there is
+    no other configuration or the best other value is not positive."""
+    others = [value for name, value in values.items() if name != config]
+    if not others or max(others) <= 0:
+        return None
+    return values[config] / max(others)
+
+
+def _format_number(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def throughput_table(document: dict) -> list[str]:
+    grid = metric_grid(document, "output_throughput")
+    configs = ordered_configs({c for row in grid.values() for c in row})
+    rows = []
+    for concurrency in sorted(grid):
+        values = grid[concurrency]
+        best = max(values, key=values.get)
+        cells = [str(concurrency)]
+        for config in configs:
+            if config not in values:
+                cells.append("-")
+                continue
+            number = f"{values[config]:.0f}"
+            if config == best and len(values) > 1:
+                number = f"**{number}**"
+            ratio = ratio_to_best_other(values, config)
+            cells.append(number if ratio is None else f"{number} ({ratio:.2f}x)")
+        rows.append(cells)
+    return _markdown_table(["concurrency"] + configs, rows)
+
+
+def latency_table(document: dict, median_key: str, p99_key: str) -> list[str]:
+    medians = metric_grid(document, median_key)
+    p99s = metric_grid(document, p99_key)
+    configs = ordered_configs({c for row in medians.values() for c in row})
+    rows = [
+        [str(concurrency)] + [
+            f"{_format_number(medians[concurrency].get(c))} / {_format_number(p99s.get(concurrency, {}).get(c))}"
+            if c in medians[concurrency] else "-"
+            for c in configs
+        ]
+        for concurrency in sorted(medians)
+    ]
+    return _markdown_table(["concurrency"] + configs, rows)
+
+
+def accept_length_table(document: dict) -> list[str]:
+    grid = metric_grid(document, "accept_length")
+    configs = ordered_configs({c for row in grid.values() for c in row})
+    rows = [
+        [str(c)] + [_format_number(grid[c].get(config), 2) for config in configs]
+        for c in sorted(grid)
+    ]
+    return _markdown_table(["concurrency"] + configs, rows)
+
+
+def mode_counter_table(document: dict) -> list[str]:
+    rows = []
+    for run in sorted(successful_runs(document), key=lambda r: (r["config"], r["concurrency"])):
+        delta = (run.get("mode_counters") or {}).get("delta")
+        if not delta:
+            continue
+        fraction = delta["speculative_step_fraction"]
+        rows.append([
+            run["config"], str(run["concurrency"]),
+            "-" if fraction is None else f"{100 * fraction:.1f}%",
+            str(delta["speculative_steps"]), str(delta["plain_steps"]),
+            str(delta["switches_to_plain"]), str(delta["switches_to_speculative"]),
+            str(delta["catchup_tokens"]), _format_number(delta["mean_accept_length"], 2),
+            "yes" if delta["counters_reset_during_run"] else "no",
+        ])
+    if not rows:
+        return ["No run reported EAGLE3_DYNAMIC mode counters (`dynamic_eagle` in /server_info)."]
+    header = [
+        "config", "concurrency", "speculative steps", "spec steps", "plain steps",
+        "switches to plain", "switches to spec", "catch-up tokens",
+        "mean accept length (running)", "counters reset",
+    ]
+    return _markdown_table(header, rows)
+
+
+def ttft_diagnostics_table(document: dict) -> list[str]:
+    rows = []
+    for run in sorted(successful_runs(document), key=lambda r: (r["config"], r["concurrency"])):
+        diag = run.get("ttft_diagnostics") or {}
+        rows.append([
+            run["config"], str(run["concurrency"]),
+            _format_number(run["metrics"].get("median_ttft_ms")),
+            _format_number(run["metrics"].get("median_e2e_latency_ms")),
+            _format_number(diag.get("median_ttft_to_median_e2e"), 2),
+            _format_number(diag.get("first_request_ttft_ms")),
+            _format_number(diag.get("median_ttft_excluding_first_ms")),
+            f"{diag.get('requests_with_text_only_in_last_chunk', '-')} / {diag.get('requests_without_visible_text', '-')} of {run['num_prompts']}",
+        ])
+    header = [
+        "config", "concurrency", "median TTFT", "median E2E", "TTFT / E2E",
+        "first request TTFT", "median TTFT without first", "text only in last chunk / never",
+    ]
+    return _markdown_table(header, rows)
+
+
+def probe_table(document: dict) -> list[str]:
+    rows = []
+    for name in ordered_configs(set(document["configs"])):
+        probe = document["configs"][name].get("ttft_probe")
+        if not probe:
+            continue
+        ids = ", ".join(str(r["first_output_id"]) for r in probe["requests"])
+        rows.append([
+            name,
+            _format_number(probe["cold_token_ttft_ms"]),
+            _format_number(probe["cold_text_ttft_ms"]),
+            _format_number(probe["warm_median_token_ttft_ms"]),
+            _format_number(probe["warm_median_text_ttft_ms"]),
+            _format_number(probe["warm_median_e2e_ms"]),
+            ids,
+        ])
+    if not rows:
+        return ["No TTFT probe was run."]
+    header = [
+        "config", "cold token TTFT", "cold text TTFT", "warm token TTFT (median)",
+        "warm text TTFT (median)", "warm E2E (median)", "first output ids",
+    ]
+    return _markdown_table(header, rows)
+
+
+def server_table(document: dict) -> list[str]:
+    rows = [
+        [
+            name,
+            config["status"],
+            _format_number(config.get("startup_s"), 0),
+            str(config.get("max_running_requests", "-")),
+            str(config.get("server_version", "-")),
+        ]
+        for name, config in ((n, document["configs"][n]) for n in ordered_configs(set(document["configs"])))
+    ]
+    return _markdown_table(["config", "status", "startup (s)", "effective max running requests", "sglang"], rows)
+
+
+def problem_lines(document: dict) -> list[str]:
+    lines = [
+        f"- server `{name}`: {config['status']}: {(config.get('error') or '').splitlines()[0] if config.get('error') else ''}"
+        for name, config in document["configs"].items() if config["status"] != RUN_OK
+    ]
+    lines += [
+        f"- run `{run['config']}` c={run['concurrency']}: {run['status']}: {(run.get('error') or '').splitlines()[0] if run.get('error') else ''}"
+        for run in document["runs"] if run["status"] != RUN_OK
+    ]
+    return lines or ["None."]
+
+
+def source_lines(document: dict) -> list[str]:
+    lines = []
+    for source in document["sources"]:
+        settings = source["settings"]
+        lines += [
+            f"- {source['created']}, GPU {source['gpu'] or 'unknown'}, sglang {source['sglang_version'] or 'unknown'}; "
+            f"input {settings['input_len']} / output {settings['output_len']} tokens, "
+            f"prompts per run max({settings['min_prompts']}, {settings['waves']} x concurrency)",
+            f"  - `{source['command_line']}`",
+        ]
+    return lines
+
+
+def command_lines(document: dict) -> list[str]:
+    lines = []
+    for name in ordered_configs(set(document["configs"])):
+        config = document["configs"][name]
+        env = " ".join(f"{k}={v}" for k, v in sorted((config.get("server_env") or {}).items()))
+        command = " ".join(config.get("server_command") or [])
+        lines.append(f"- `{name}`: `{(env + ' ') if env else ''}{command}`")
+    return lines
+
+
+def render_markdown(document: dict) -> str:
+    sections: list[list[str]] = [
+        ["# EAGLE3_DYNAMIC sweep", "", *source_lines(document)],
+        ["## Output throughput (tok/s)", "",
+         "Each cell: throughput (ratio to the best other configuration at that concurrency; "
+         "above 1.00x means this configuration was the fastest). Bold: fastest.", "",
+         *throughput_table(document)],
+    ]
+    for title, median_key, p99_key in LATENCY_TABLES:
+        sections.append([f"## {title}", "", *latency_table(document, median_key, p99_key)])
+    sections += [
+        ["## Acceptance length (bench_serving `accept_length`, server-wide since the run's cache flush)", "",
+         *accept_length_table(document)],
+        ["## EAGLE3_DYNAMIC mode counters (change over each run, warmup request included)", "",
+         *mode_counter_table(document)],
+        ["## TTFT checks from bench_serving's per-request details", "",
+         "bench_serving stamps TTFT at the first chunk with visible text. TTFT / E2E near 1 and "
+         "requests whose text came only in the last chunk mean the TTFT column measured "
+         "detokenization, not the first token (benchmark/README.md).", "",
+         *ttft_diagnostics_table(document)],
+        ["## TTFT probe at concurrency 1 (ms)", "",
+         "token TTFT: first streamed chunk with a completion token; text TTFT: first chunk with "
+         "visible text (bench_serving's definition). Cold: the first long-prompt request the "
+         "server served.", "",
+         *probe_table(document)],
+        ["## Servers", "", *server_table(document), "", *command_lines(document)],
+        ["## Problems", "", *problem_lines(document)],
+    ]
+    return "\n\n".join("\n".join(section) for section in sections) + "\n"
+
+
+def write_metric_plot(document: dict, metric: str, ylabel: str, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = metric_grid(document, metric)
+    configs = ordered_configs({c for row in grid.values() for c in row})
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for config in configs:
+        points = sorted((c, row[config]) for c, row in grid.items() if config in row)
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=config)
+    axes.set_xscale("log", base=2)
+    concurrencies = sorted(grid)
+    axes.set_xticks(concurrencies, [str(c) for c in concurrencies])
+    axes.minorticks_off()
+    axes.set_xlabel("concurrency (log scale)")
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.grid(True, alpha=0.3)
+    if configs:
+        axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def write_report(document: dict, out_dir: Path) -> list[Path]:
+    """Write report.md, throughput.png and tpot.png into out_dir; return their paths."""
+    report_path = out_dir / REPORT_FILE
+    report_path.write_text(render_markdown(document))
+    throughput_path = out_dir / THROUGHPUT_PLOT_FILE
+    write_metric_plot(document, "output_throughput", "output tokens/s",
+                      "Output throughput vs concurrency", throughput_path)
+    tpot_path = out_dir / TPOT_PLOT_FILE
+    write_metric_plot(document, "median_tpot_ms", "median TPOT (ms)",
+                      "Median time per output token vs concurrency", tpot_path)
+    return [report_path, throughput_path, tpot_path]

@@ -1,0 +1,107 @@
+"""The sweep's result document: one JSON object with every run and its provenance.
+
+{
+  "schema_version": 1,
+  "sources": [{created, command_line, gpu, sglang_version, settings}, ...],  # one per sweep
+  "configs": {name: {status, error, server_command, server_env, startup_s,
+                     max_running_requests, server_version, ttft_probe}},
+  "runs": [{config, concurrency, num_prompts, status, error, wall_s,
+            metrics, ttft_diagnostics, mode_counters}, ...]
+}
+A merged document has one source per merged sweep.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+RUN_OK = "ok"
+
+
+def gpu_name() -> str | None:
+    """The first GPU's name from nvidia-smi, or None where there is no nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        output = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    names = [line.strip() for line in output.splitlines() if line.strip()]
+    return names[0] if names else None
+
+
+def installed_sglang_version() -> str | None:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def new_results_document(command_line: list[str], settings: dict) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "sources": [{
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command_line": shlex.join(command_line),
+            "gpu": gpu_name(),
+            "sglang_version": installed_sglang_version(),
+            "settings": settings,
+        }],
+        "configs": {},
+        "runs": [],
+    }
+
+
+def save_results(document: dict, path: Path) -> None:
+    """Write atomically, so a sweep killed mid-write leaves the previous complete file."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(document, indent=1) + "\n")
+    os.replace(temporary, path)
+
+
+def load_results(path: Path) -> dict:
+    document = json.loads(path.read_text())
+    if document.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema_version {document.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+    return document
+
+
+def run_key(run: dict) -> tuple[str, int]:
+    return run["config"], int(run["concurrency"])
+
+
+def merge_results(documents: list[dict]) -> dict:
+    """Union of several result documents; a later document wins a repeated configuration or
+    (configuration, concurrency) pair, with a warning."""
+    merged = {"schema_version": SCHEMA_VERSION, "sources": [], "configs": {}, "runs": []}
+    runs_by_key: dict[tuple[str, int], dict] = {}
+    for document in documents:
+        merged["sources"] += document["sources"]
+        for name, config in document["configs"].items():
+            if name in merged["configs"]:
+                logger.warning("configuration %s appears in several inputs; keeping the last", name)
+            merged["configs"][name] = config
+        for run in document["runs"]:
+            if run_key(run) in runs_by_key:
+                logger.warning("run %s c=%d appears in several inputs; keeping the last", *run_key(run))
+            runs_by_key[run_key(run)] = run
+    merged["runs"] = list(runs_by_key.values())
+    return merged
+
+
+def successful_runs(document: dict) -> list[dict]:
+    return [run for run in document["runs"] if run["status"] == RUN_OK]

@@ -1,0 +1,168 @@
+"""Start, health-check, query and stop one sglang server."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+HEALTH_POLL_S = 1.0
+STOP_GRACE_S = 30.0
+MAX_LOG_LINE_CHARS = 500  # sglang logs all server args on one line of several KB
+
+
+class ServerStartError(RuntimeError):
+    """The server died or did not become healthy in time; the message carries its log tail."""
+
+
+@dataclass
+class RunningServer:
+    config: str
+    process: subprocess.Popen
+    log_path: Path
+    base_url: str
+
+
+def base_url_of(host: str, port: int) -> str:
+    return f"http://{host}:{port}"
+
+
+def port_accepts_connections(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex((host, port)) == 0
+
+
+def log_tail(path: Path, lines: int) -> str:
+    """The last `lines` lines of a log, each cut to MAX_LOG_LINE_CHARS characters."""
+    if not path.exists():
+        return ""
+    with path.open(errors="replace") as log:
+        last = deque(log, maxlen=lines)
+    return "".join(
+        line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + " [...]\n"
+        for line in last
+    )
+
+
+def start_server(
+    config: str, command: list[str], env: dict[str, str], log_path: Path, base_url: str
+) -> RunningServer:
+    """Launch the server in its own process group so that stopping it also ends its workers."""
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+    return RunningServer(config=config, process=process, log_path=log_path, base_url=base_url)
+
+
+def http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, b""
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return 0, b""
+
+
+def wait_until_healthy(server: RunningServer, timeout_s: float, tail_lines: int) -> float:
+    """Poll /health until it answers 200; return the seconds waited.
+
+    /health answers 503 until sglang's own warmup request has finished.
+    Raises ServerStartError with the log tail if the server exits or the timeout passes.
+    """
+    started = time.monotonic()
+    while True:
+        waited = time.monotonic() - started
+        exit_code = server.process.poll()
+        if exit_code is not None:
+            raise ServerStartError(
+                f"[{server.config}] server exited with code {exit_code} after {waited:.0f} s; "
+                f"last log lines:\n{log_tail(server.log_path, tail_lines)}"
+            )
+        if http_get(server.base_url + "/health", timeout_s=5.0)[0] == 200:
+            return waited
+        if waited > timeout_s:
+            raise ServerStartError(
+                f"[{server.config}] server not healthy after {timeout_s:.0f} s; "
+                f"last log lines:\n{log_tail(server.log_path, tail_lines)}"
+            )
+        time.sleep(HEALTH_POLL_S)
+
+
+def _process_group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_server(server: RunningServer) -> None:
+    """SIGTERM the server's process group, SIGKILL it after STOP_GRACE_S, wait until it is gone."""
+    pgid = server.process.pid  # start_new_session made the server its group leader
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not _process_group_alive(pgid):
+            break
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline:
+            server.process.poll()
+            if not _process_group_alive(pgid):
+                break
+            time.sleep(0.5)
+    server.process.poll()
+    if _process_group_alive(pgid):
+        logger.warning("[%s] server process group %d still alive after SIGKILL", server.config, pgid)
+
+
+def server_is_running(server: RunningServer) -> bool:
+    return server.process.poll() is None
+
+
+def fetch_server_info(base_url: str, timeout_s: float = 30.0) -> dict | None:
+    """GET /server_info (the same handler as the deprecated /get_server_info); None on failure."""
+    status, body = http_get(base_url + "/server_info", timeout_s=timeout_s)
+    if status != 200:
+        return None
+    try:
+        info = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def effective_max_running_requests(server_info: dict | None) -> int | None:
+    """The scheduler's real request cap, else the resolved server argument.
+
+    sglang reports the scheduler's value as internal_states[i].effective_max_running_requests_per_dp;
+    EAGLE-family servers lower it to 48 unless --max-running-requests is given.
+    """
+    if not server_info:
+        return None
+    for state in server_info.get("internal_states") or []:
+        if isinstance(state, dict) and state.get("effective_max_running_requests_per_dp") is not None:
+            return int(state["effective_max_running_requests_per_dp"])
+    value = server_info.get("max_running_requests")
+    return int(value) if value is not None else None

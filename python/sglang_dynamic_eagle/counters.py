@@ -1,0 +1,100 @@
+"""Mode counters for EAGLE3_DYNAMIC: what tests, the benchmark and operators read.
+
+Pure Python. The worker updates them on the scheduler's CPU thread; they are
+exported under the ``dynamic_eagle`` key of ``/get_server_info`` and logged
+with sglang's periodic decode log line.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Deque, Dict, Sequence, Union
+
+from sglang_dynamic_eagle.policy import DecodeMode
+
+
+@dataclass
+class ModeCounters:
+    speculative_steps: int = 0
+    plain_steps: int = 0
+    plain_graph_steps: int = 0
+    switches_to_plain: int = 0
+    switches_to_speculative: int = 0
+    catchup_forwards: int = 0
+    catchup_tokens: int = 0
+    catchup_truncated_tokens: int = 0
+    speculative_verified_requests: int = 0
+    speculative_accepted_tokens: int = 0
+    max_plain_batch: int = 0
+    max_speculative_batch: int = 0
+    _pending_modes: Deque[DecodeMode] = field(default_factory=deque, repr=False)
+
+    def record_step(self, mode: DecodeMode, batch_size: int, *, ran_graph: bool) -> None:
+        """Count one decode step at launch time."""
+        if mode is DecodeMode.PLAIN:
+            self.plain_steps += 1
+            self.plain_graph_steps += int(ran_graph)
+            self.max_plain_batch = max(self.max_plain_batch, batch_size)
+        else:
+            self.speculative_steps += 1
+            self.max_speculative_batch = max(self.max_speculative_batch, batch_size)
+        self._pending_modes.append(mode)
+
+    def record_switch(self, new_mode: DecodeMode) -> None:
+        if new_mode is DecodeMode.PLAIN:
+            self.switches_to_plain += 1
+        else:
+            self.switches_to_speculative += 1
+
+    def record_catchup(self, tokens: int, truncated_tokens: int) -> None:
+        self.catchup_forwards += 1
+        self.catchup_tokens += tokens
+        self.catchup_truncated_tokens += truncated_tokens
+
+    def record_result(self, num_correct_drafts_per_req: Sequence[int]) -> None:
+        """Attribute one processed decode result to the step that produced it.
+
+        Results are processed in launch order, so the oldest pending mode is
+        the one this result belongs to. Plain results carry no acceptance.
+        """
+        if not self._pending_modes:
+            return
+        mode = self._pending_modes.popleft()
+        if mode is DecodeMode.SPECULATIVE:
+            self.speculative_verified_requests += len(num_correct_drafts_per_req)
+            self.speculative_accepted_tokens += sum(num_correct_drafts_per_req) + len(
+                num_correct_drafts_per_req
+            )
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Tokens per request per speculative verify step, bonus token included."""
+        if self.speculative_verified_requests == 0:
+            return 0.0
+        return self.speculative_accepted_tokens / self.speculative_verified_requests
+
+    def snapshot(self) -> Dict[str, Union[int, float]]:
+        return {
+            "speculative_steps": self.speculative_steps,
+            "plain_steps": self.plain_steps,
+            "plain_graph_steps": self.plain_graph_steps,
+            "switches_to_plain": self.switches_to_plain,
+            "switches_to_speculative": self.switches_to_speculative,
+            "catchup_forwards": self.catchup_forwards,
+            "catchup_tokens": self.catchup_tokens,
+            "catchup_truncated_tokens": self.catchup_truncated_tokens,
+            "mean_accept_length": round(self.mean_accept_length, 4),
+            "max_plain_batch": self.max_plain_batch,
+            "max_speculative_batch": self.max_speculative_batch,
+        }
+
+    def log_line(self) -> str:
+        return (
+            f"EAGLE3_DYNAMIC: spec steps {self.speculative_steps}, "
+            f"plain steps {self.plain_steps} ({self.plain_graph_steps} graph), "
+            f"switches to plain {self.switches_to_plain}, "
+            f"to spec {self.switches_to_speculative}, "
+            f"catch-up tokens {self.catchup_tokens}, "
+            f"spec accept len {self.mean_accept_length:.2f}"
+        )

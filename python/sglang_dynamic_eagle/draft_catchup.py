@@ -1,0 +1,176 @@
+"""Draft-KV catch-up after plain-mode steps.
+
+The EAGLE-3 draft's KV entry at position ``p`` is computed from the token at
+``p + 1`` and the target's auxiliary hidden states at ``p``. Plain steps run no
+draft forward, so every position a request decoded in plain mode lacks draft
+KV. Each plain step therefore stashes, per request, the token it fed and the
+aux hidden states it produced into a small ring (``window`` positions per
+request slot). When speculation resumes, one draft EXTEND forward over the
+missed positions (the last ``window`` of them) rebuilds their draft KV and
+yields the draft's next proposal, exactly as the draft extend after a prefill
+does; sglang's ``_draft_extend_for_prefill`` runs it.
+
+Positions older than the window keep stale draft KV: acceptance, never the
+output tokens, pays for them (the target verifies every token).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Sequence, Tuple
+
+import torch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+logger = logging.getLogger(__name__)
+
+MAX_WINDOW = 256
+
+
+def choose_window(budget_bytes: int, req_pool_size: int, hidden_width: int, elem_bytes: int) -> int:
+    """Ring length per request slot that fits the memory budget (1..MAX_WINDOW)."""
+    per_position = req_pool_size * (hidden_width * elem_bytes + 8)
+    return max(1, min(MAX_WINDOW, budget_bytes // per_position))
+
+
+@dataclass(frozen=True)
+class CatchupPlan:
+    """Which rows of a decode batch need catch-up, and how many positions each."""
+
+    rows: List[int]
+    lengths: List[int]
+    truncated_tokens: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths)
+
+
+class DraftCatchup:
+    """Ring stash of plain-step inputs and the catch-up draft forward."""
+
+    def __init__(
+        self,
+        *,
+        req_pool_size: int,
+        window: int,
+        hidden_width: int,
+        hidden_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.window = window
+        self._tokens = torch.zeros((req_pool_size, window), dtype=torch.int64, device=device)
+        self._hidden = torch.zeros(
+            (req_pool_size, window, hidden_width), dtype=hidden_dtype, device=device
+        )
+        self._missed = [0] * req_pool_size
+        self.device = device
+
+    @property
+    def stash_bytes(self) -> int:
+        return self._tokens.nbytes + self._hidden.nbytes
+
+    def forget(self, req_pool_indices: Sequence[int]) -> None:
+        """A prefill (re)built these requests' draft KV: nothing is missing."""
+        for index in req_pool_indices:
+            self._missed[index] = 0
+
+    def record_plain_step(
+        self,
+        req_pool_indices: torch.Tensor,
+        req_pool_indices_cpu: Sequence[int],
+        positions: torch.Tensor,
+        input_ids: torch.Tensor,
+        aux_hidden_states: torch.Tensor,
+    ) -> None:
+        """Stash one plain step: GPU scatters only, no synchronisation."""
+        slots = positions % self.window
+        self._tokens[req_pool_indices, slots] = input_ids.to(torch.int64)
+        self._hidden[req_pool_indices, slots] = aux_hidden_states.to(self._hidden.dtype)
+        for index in req_pool_indices_cpu:
+            self._missed[index] += 1
+
+    def plan(self, req_pool_indices_cpu: Sequence[int]) -> CatchupPlan:
+        rows, lengths, truncated = [], [], 0
+        for row, index in enumerate(req_pool_indices_cpu):
+            missed = self._missed[index]
+            if missed:
+                rows.append(row)
+                lengths.append(min(missed, self.window))
+                truncated += max(0, missed - self.window)
+        return CatchupPlan(rows=rows, lengths=lengths, truncated_tokens=truncated)
+
+    def run(self, draft_worker, batch: ScheduleBatch, plan: CatchupPlan) -> None:
+        """Rebuild the missed draft KV and refresh ``batch.spec_info`` in place."""
+        rows = torch.tensor(plan.rows, dtype=torch.int64, device=self.device)
+        sub_batch, aux_hidden_states = self._extend_batch(draft_worker, batch, plan, rows)
+        draft_input: EagleDraftInput = batch.spec_info
+        seeds = draft_worker._draft_extend_for_prefill(
+            sub_batch, aux_hidden_states, draft_input.bonus_tokens[rows]
+        )
+        draft_input.topk_p[rows] = seeds.topk_p.to(draft_input.topk_p.dtype)
+        draft_input.topk_index[rows] = seeds.topk_index.to(draft_input.topk_index.dtype)
+        draft_input.hidden_states[rows] = seeds.hidden_states.to(
+            draft_input.hidden_states.dtype
+        )
+        self.forget([int(batch.req_pool_indices_cpu[row]) for row in plan.rows])
+
+    def _extend_batch(
+        self, draft_worker, batch: ScheduleBatch, plan: CatchupPlan, rows: torch.Tensor
+    ) -> Tuple[ScheduleBatch, torch.Tensor]:
+        """An EXTEND view of the rows to catch up over their missed positions,
+        and the stashed target aux hidden states of those positions."""
+        num_tokens = plan.num_tokens
+        lengths = torch.tensor(plan.lengths, dtype=torch.int64, device=self.device)
+        seq_lens = batch.seq_lens[rows].to(torch.int64)
+        seq_lens_cpu = (
+            batch.seq_lens_cpu[plan.rows]
+            if batch.seq_lens_cpu is not None
+            else seq_lens.cpu()
+        ).tolist()
+        req_pool_indices = batch.req_pool_indices[rows]
+        token_req = torch.repeat_interleave(req_pool_indices, lengths, output_size=num_tokens)
+        starts = torch.repeat_interleave(seq_lens - lengths, lengths, output_size=num_tokens)
+        first_token = torch.repeat_interleave(
+            torch.cumsum(lengths, 0) - lengths, lengths, output_size=num_tokens
+        )
+        positions = starts + torch.arange(num_tokens, device=self.device) - first_token
+        ring_slots = positions % self.window
+        req_to_token = draft_worker.req_to_token_pool.req_to_token
+
+        sub_batch = copy.copy(batch)
+        sub_batch.reqs = [batch.reqs[row] for row in plan.rows]
+        sub_batch.forward_mode = ForwardMode.EXTEND
+        sub_batch.input_ids = self._tokens[token_req, ring_slots]
+        sub_batch.spec_info = None
+        sub_batch.req_pool_indices = req_pool_indices
+        sub_batch.req_pool_indices_cpu = batch.req_pool_indices_cpu[plan.rows]
+        sub_batch.seq_lens = seq_lens
+        sub_batch.orig_seq_lens = seq_lens.to(torch.int32)
+        sub_batch.seq_lens_cpu = torch.tensor(seq_lens_cpu, dtype=torch.int64)
+        sub_batch.seq_lens_sum = sum(seq_lens_cpu)
+        sub_batch.out_cache_loc = req_to_token[token_req, positions].to(torch.int64)
+        sub_batch.extend_lens = list(plan.lengths)
+        sub_batch.prefix_lens = [s - n for s, n in zip(seq_lens_cpu, plan.lengths)]
+        sub_batch.extend_logprob_start_lens = [0] * len(plan.rows)
+        sub_batch.extend_num_tokens = num_tokens
+        sub_batch.extend_input_logprob_token_ids = None
+        sub_batch.return_logprob = False
+        sub_batch.top_logprobs_nums = None
+        sub_batch.token_ids_logprobs = None
+        sub_batch.multimodal_inputs = [None] * len(plan.rows)
+        sub_batch.input_embeds = None
+        sub_batch.chunked_req = None
+        sub_batch.chunked_req_next_prompt_token = None
+        sub_batch.is_extend_in_batch = True
+        sub_batch.global_forward_mode = ForwardMode.EXTEND
+        sub_batch.has_grammar = False
+        if batch.sampling_info is not None:
+            sub_batch.sampling_info = copy.copy(batch.sampling_info)
+        return sub_batch, self._hidden[token_req, ring_slots]

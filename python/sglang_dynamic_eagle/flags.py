@@ -1,0 +1,448 @@
+"""Command-line flags of EAGLE3_DYNAMIC and how their values reach every process.
+
+Flags (only used with ``--speculative-algorithm EAGLE3_DYNAMIC``):
+
+* ``--speculative-disable-batch-threshold N`` (default 24): speculation turns off when the
+  running decode batch is larger than N for K consecutive decode steps. 0 = always
+  speculate (except above the largest speculative CUDA-graph batch).
+* ``--speculative-enable-batch-threshold M`` (default 16): speculation turns back on only
+  when the batch is at most M for K consecutive decode steps; M <= N. When N is given
+  and M is not, M = max(1, min(16, 2*N // 3)).
+* ``--speculative-switch-patience K`` (default 4, >= 1).
+
+The values are not ``ServerArgs`` fields (``ServerArgs.from_cli_args`` copies dataclass
+fields only), so they travel in the environment instead:
+
+1. ``plugin.register()`` calls :func:`install_cli_hooks`, which registers two sglang
+   ``HookRegistry`` hooks: AFTER ``ServerArgs.add_cli_args`` (adds the flags to the parser)
+   and AROUND ``ServerArgs.from_cli_args`` (reads them from the namespace, validates them
+   and writes them as JSON to ``os.environ[ENV_VAR]`` *before* ``ServerArgs`` is built).
+2. sglang starts the scheduler processes with multiprocessing "spawn"; a spawned child
+   inherits ``os.environ`` of the parent at start time, and calls ``load_plugins()``
+   itself. There, :func:`current_flags` reads ``ENV_VAR``.
+
+With the Python API (``sglang.Engine(...)``) no command line is parsed: set ``ENV_VAR``
+yourself before creating the engine (e.g.
+``os.environ[ENV_VAR] = '{"disable_batch_threshold": 32}'``; missing keys take the
+defaults and the rule above), or leave it unset to get the defaults.
+
+On the command line the flags (or, when absent, their defaults) always win: the
+``from_cli_args`` hook overwrites ``ENV_VAR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping, Optional
+
+from sglang_dynamic_eagle.policy import (
+    DEFAULT_DISABLE_BATCH_THRESHOLD,
+    DEFAULT_ENABLE_BATCH_THRESHOLD,
+    DEFAULT_SWITCH_PATIENCE,
+)
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "SGLANG_DYNAMIC_EAGLE_FLAGS"
+ALGORITHM_NAME = "EAGLE3_DYNAMIC"
+
+DISABLE_FLAG = "--speculative-disable-batch-threshold"
+ENABLE_FLAG = "--speculative-enable-batch-threshold"
+PATIENCE_FLAG = "--speculative-switch-patience"
+
+# argparse destinations (attribute names on the parsed namespace)
+DISABLE_DEST = "speculative_disable_batch_threshold"
+ENABLE_DEST = "speculative_enable_batch_threshold"
+PATIENCE_DEST = "speculative_switch_patience"
+
+# field name -> (flag, minimum)
+_FIELDS = {
+    "disable_batch_threshold": (DISABLE_FLAG, 0),
+    "enable_batch_threshold": (ENABLE_FLAG, 0),
+    "switch_patience": (PATIENCE_FLAG, 1),
+}
+
+_ADD_CLI_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.add_cli_args"
+_FROM_CLI_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.from_cli_args"
+
+
+@dataclass(frozen=True)
+class DynamicEagleFlags:
+    disable_batch_threshold: int
+    enable_batch_threshold: int
+    switch_patience: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+DEFAULT_FLAGS = DynamicEagleFlags(
+    disable_batch_threshold=DEFAULT_DISABLE_BATCH_THRESHOLD,
+    enable_batch_threshold=DEFAULT_ENABLE_BATCH_THRESHOLD,
+    switch_patience=DEFAULT_SWITCH_PATIENCE,
+)
+
+
+def derived_enable_threshold(disable_batch_threshold: int) -> int:
+    """M used when the user gives N but not M: max(1, min(default M, 2*N // 3)).
+
+    N == 0 (always speculate) ignores M; the default M is kept then.
+    """
+    if disable_batch_threshold == 0:
+        return DEFAULT_ENABLE_BATCH_THRESHOLD
+    return max(1, min(DEFAULT_ENABLE_BATCH_THRESHOLD, (2 * disable_batch_threshold) // 3))
+
+
+# --------------------------------------------------------------------------------------
+# Value checking
+# --------------------------------------------------------------------------------------
+
+
+def _check_value(flag: str, value: Any, minimum: int) -> int:
+    """Return ``value`` as an int, or raise a one-line ValueError naming ``flag``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{flag} must be an integer >= {minimum}, got {value!r}.")
+    if isinstance(value, str):
+        try:
+            value = int(value.strip(), 10)
+        except ValueError:
+            raise ValueError(
+                f"{flag} must be an integer >= {minimum}, got {value!r}."
+            ) from None
+    if not isinstance(value, int):
+        raise ValueError(f"{flag} must be an integer >= {minimum}, got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"{flag} must be an integer >= {minimum}, got {value}.")
+    return value
+
+
+def _argparse_type(flag: str, minimum: int) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            return _check_value(flag, text, minimum)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer >= {minimum}, got {text!r}"
+            ) from None
+
+    convert.__name__ = f"integer >= {minimum}"
+    return convert
+
+
+def resolve_flags(
+    disable_batch_threshold: Any = None,
+    enable_batch_threshold: Any = None,
+    switch_patience: Any = None,
+) -> DynamicEagleFlags:
+    """Fill in defaults (None = not given) and check each value on its own.
+
+    The M <= N relation is checked by :func:`validate_server_args` (only when
+    EAGLE3_DYNAMIC is selected), so a server that does not use the algorithm is not
+    refused because of these flags.
+    """
+    if disable_batch_threshold is None:
+        n = DEFAULT_DISABLE_BATCH_THRESHOLD
+    else:
+        n = _check_value(DISABLE_FLAG, disable_batch_threshold, 0)
+    if enable_batch_threshold is None:
+        m = (
+            DEFAULT_ENABLE_BATCH_THRESHOLD
+            if disable_batch_threshold is None
+            else derived_enable_threshold(n)
+        )
+    else:
+        m = _check_value(ENABLE_FLAG, enable_batch_threshold, 0)
+    if switch_patience is None:
+        k = DEFAULT_SWITCH_PATIENCE
+    else:
+        k = _check_value(PATIENCE_FLAG, switch_patience, 1)
+    return DynamicEagleFlags(
+        disable_batch_threshold=n, enable_batch_threshold=m, switch_patience=k
+    )
+
+
+def flags_from_mapping(data: Mapping[str, Any], source: str = ENV_VAR) -> DynamicEagleFlags:
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"{source}: unknown key(s) {unknown}; allowed keys are {sorted(_FIELDS)}."
+        )
+    return resolve_flags(
+        data.get("disable_batch_threshold"),
+        data.get("enable_batch_threshold"),
+        data.get("switch_patience"),
+    )
+
+
+def current_flags() -> DynamicEagleFlags:
+    """The flags of this server: from ``os.environ[ENV_VAR]`` if set, else the defaults.
+
+    Works in any process (launcher, scheduler subprocesses, Python-API users).
+    """
+    raw = os.environ.get(ENV_VAR)
+    if raw is None or not raw.strip():
+        return DEFAULT_FLAGS
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{ENV_VAR} must be a JSON object such as "
+            f'{{"disable_batch_threshold": 24}}, got {raw!r} ({e.msg}).'
+        ) from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{ENV_VAR} must be a JSON object, got {raw!r}.")
+    return flags_from_mapping(data)
+
+
+def export_flags(flags: DynamicEagleFlags) -> None:
+    """Write ``flags`` to ``os.environ[ENV_VAR]`` (inherited by spawned subprocesses)."""
+    os.environ[ENV_VAR] = flags.to_json()
+
+
+# --------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """Add the three flags to ``parser``. Calling it twice on one parser is a no-op."""
+    if DISABLE_FLAG in parser._option_string_actions:  # argparse's own flag index
+        return
+    group = parser.add_argument_group(
+        f"{ALGORITHM_NAME} (sglang-dynamic-eagle)",
+        f"Used only with --speculative-algorithm {ALGORITHM_NAME}: EAGLE-3 while the "
+        "running decode batch is small, plain decoding while it is large.",
+    )
+    group.add_argument(
+        DISABLE_FLAG,
+        dest=DISABLE_DEST,
+        type=_argparse_type(DISABLE_FLAG, 0),
+        default=None,
+        metavar="N",
+        help=(
+            "Speculation turns off when the running decode batch is larger than N for "
+            "K consecutive decode steps (K = --speculative-switch-patience). 0 = always "
+            "speculate, except above the largest speculative CUDA-graph batch. "
+            f"Default: {DEFAULT_DISABLE_BATCH_THRESHOLD}. "
+            f"Only applies with --speculative-algorithm {ALGORITHM_NAME}."
+        ),
+    )
+    group.add_argument(
+        ENABLE_FLAG,
+        dest=ENABLE_DEST,
+        type=_argparse_type(ENABLE_FLAG, 0),
+        default=None,
+        metavar="M",
+        help=(
+            "Speculation turns back on only when the running decode batch is at most M "
+            "for K consecutive decode steps. Must be <= N. "
+            f"Default: {DEFAULT_ENABLE_BATCH_THRESHOLD}; if only N is given, "
+            f"max(1, min({DEFAULT_ENABLE_BATCH_THRESHOLD}, 2*N//3)). "
+            f"Only applies with --speculative-algorithm {ALGORITHM_NAME}."
+        ),
+    )
+    group.add_argument(
+        PATIENCE_FLAG,
+        dest=PATIENCE_DEST,
+        type=_argparse_type(PATIENCE_FLAG, 1),
+        default=None,
+        metavar="K",
+        help=(
+            "Consecutive decode steps a batch size must qualify before the mode switches "
+            f"(>= 1). Default: {DEFAULT_SWITCH_PATIENCE}. "
+            f"Only applies with --speculative-algorithm {ALGORITHM_NAME}."
+        ),
+    )
+
+
+def flags_from_namespace(args: argparse.Namespace) -> DynamicEagleFlags:
+    return resolve_flags(
+        getattr(args, DISABLE_DEST, None),
+        getattr(args, ENABLE_DEST, None),
+        getattr(args, PATIENCE_DEST, None),
+    )
+
+
+def _flags_given(args: argparse.Namespace) -> bool:
+    return any(
+        getattr(args, dest, None) is not None
+        for dest in (DISABLE_DEST, ENABLE_DEST, PATIENCE_DEST)
+    )
+
+
+# The ENV_VAR value this module last wrote; used to tell a user-set value apart.
+_last_exported: Optional[str] = None
+
+
+def _after_add_cli_args(result, parser, *args, **kwargs):
+    add_cli_args(parser)
+    return result
+
+
+def _around_from_cli_args(original_fn, cls, args, *rest, **kwargs):
+    global _last_exported
+    flags = flags_from_namespace(args)
+    previous = os.environ.get(ENV_VAR)
+    if previous is not None and previous != _last_exported and previous != flags.to_json():
+        logger.warning(
+            "%s=%s is overridden by the command line (%s).", ENV_VAR, previous, flags.to_json()
+        )
+    algorithm = getattr(args, "speculative_algorithm", None)
+    if _flags_given(args) and (algorithm or "").upper() != ALGORITHM_NAME:
+        logger.warning(
+            "%s/%s/%s only apply with --speculative-algorithm %s; ignored with %s.",
+            DISABLE_FLAG,
+            ENABLE_FLAG,
+            PATIENCE_FLAG,
+            ALGORITHM_NAME,
+            algorithm,
+        )
+    export_flags(flags)
+    _last_exported = os.environ[ENV_VAR]
+    return original_fn(cls, args, *rest, **kwargs)
+
+
+_hooks_installed = False
+
+
+def install_cli_hooks() -> None:
+    """Register the ServerArgs CLI hooks with sglang's HookRegistry (idempotent).
+
+    ``load_plugins()`` applies them right after the plugins ran. HookRegistry unwraps
+    ``add_cli_args`` (a staticmethod) and ``from_cli_args`` (a classmethod) from the
+    class ``__dict__``, wraps the plain function and re-applies the decorator, so the
+    AFTER hook receives ``(result, parser)`` and the AROUND hook
+    ``(original_fn, cls, args)``.
+    """
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(_ADD_CLI_ARGS_TARGET, _after_add_cli_args, HookType.AFTER)
+    HookRegistry.register(_FROM_CLI_ARGS_TARGET, _around_from_cli_args, HookType.AROUND)
+    _hooks_installed = True
+
+
+# --------------------------------------------------------------------------------------
+# Server-argument validation (runs inside ServerArgs.__post_init__)
+# --------------------------------------------------------------------------------------
+
+
+def _resolved(server_args):
+    """sglang's mid-resolution view (fields other handlers declared but not yet wrote)."""
+    try:
+        from sglang.srt.arg_groups.overrides import resolved_view
+
+        return resolved_view(server_args)
+    except Exception:  # pragma: no cover - older/newer sglang without the view
+        return server_args
+
+
+def _unsupported(flag: str, why: str, fix: str) -> ValueError:
+    return ValueError(
+        f"--speculative-algorithm {ALGORITHM_NAME} does not support {flag}: {why}; {fix}."
+    )
+
+
+_USE_EAGLE3 = "use --speculative-algorithm EAGLE3 instead"
+
+
+def validate_server_args(server_args) -> None:
+    """Refuse EAGLE3_DYNAMIC configurations that cannot work, before any GPU work.
+
+    Called by sglang's ``handle_speculative_decoding`` (inside ``ServerArgs.__post_init__``)
+    for custom algorithms, before the EAGLE defaults for steps/topk/draft tokens are
+    applied (they may still be None here). Raises ``ValueError`` with a one-line message
+    that names the flag and the fix.
+    """
+    flags = current_flags()  # raises for a malformed ENV_VAR
+    n, m = flags.disable_batch_threshold, flags.enable_batch_threshold
+    if n > 0 and m > n:
+        raise ValueError(
+            f"{ENABLE_FLAG} ({m}) must be <= {DISABLE_FLAG} ({n}); lower {ENABLE_FLAG} "
+            f"or raise {DISABLE_FLAG}."
+        )
+
+    if not getattr(server_args, "speculative_draft_model_path", None):
+        raise ValueError(
+            f"--speculative-algorithm {ALGORITHM_NAME} requires "
+            "--speculative-draft-model-path (an EAGLE-3 draft model for the target)."
+        )
+
+    view = _resolved(server_args)
+
+    def get(name, default=None):
+        return getattr(view, name, getattr(server_args, name, default))
+
+    if get("enable_dp_attention", False):
+        raise _unsupported(
+            "--enable-dp-attention",
+            "each DP rank schedules its own decode batch, so ranks would pick different "
+            "modes (this needs an all-reduce of the mode decision, not implemented)",
+            f"remove --enable-dp-attention or {_USE_EAGLE3}",
+        )
+    if (get("pp_size", 1) or 1) > 1:
+        raise _unsupported(
+            "--pp-size > 1",
+            "the plain-decode path and draft catch-up are written for one pipeline stage",
+            "use --pp-size 1",
+        )
+    if get("speculative_adaptive", False):
+        raise _unsupported(
+            "--speculative-adaptive",
+            f"{ALGORITHM_NAME} replaces adaptive speculation (it switches between "
+            "speculative and plain decoding itself)",
+            "remove --speculative-adaptive",
+        )
+    if get("enable_two_batch_overlap", False):
+        raise _unsupported(
+            "--enable-two-batch-overlap",
+            "the plain-decode path is not implemented for two micro-batches",
+            f"remove --enable-two-batch-overlap or {_USE_EAGLE3}",
+        )
+    if get("enable_pdmux", False):
+        raise _unsupported(
+            "--enable-pdmux",
+            "PD-multiplexing runs its own decode path, which does not switch modes",
+            "remove --enable-pdmux",
+        )
+    disagg = get("disaggregation_mode", "null")
+    if disagg not in (None, "null"):
+        raise _unsupported(
+            f"--disaggregation-mode {disagg}",
+            "the prefill-to-decode handover of draft state is not implemented for it",
+            f"run without --disaggregation-mode or {_USE_EAGLE3}",
+        )
+    if get("enable_lora", False) or get("lora_paths", None):
+        raise _unsupported(
+            "LoRA (--enable-lora / --lora-paths)",
+            "the plain-decode path is not implemented for LoRA batches",
+            "remove --enable-lora and --lora-paths",
+        )
+    topk = get("speculative_eagle_topk", None)
+    if topk is not None and topk > 1:
+        raise _unsupported(
+            f"--speculative-eagle-topk {topk}",
+            "the plain-to-speculative draft catch-up is implemented for chain drafting only",
+            "use --speculative-eagle-topk 1",
+        )
+    if get("enable_attn_tp_input_scattered", False):
+        raise _unsupported(
+            "--enable-attn-tp-input-scattered",
+            'sglang compares the algorithm name with "EAGLE3" as a string '
+            "(layers/communicator.py) and would enable scattered input, which EAGLE-3 "
+            "does not support",
+            "remove --enable-attn-tp-input-scattered",
+        )
+    if get("speculative_use_rejection_sampling", False):
+        raise _unsupported(
+            "--speculative-use-rejection-sampling",
+            'sglang enables it only for algorithm names "EAGLE"/"EAGLE3" '
+            "(arg_groups/speculative_hook.py)",
+            "remove --speculative-use-rejection-sampling",
+        )

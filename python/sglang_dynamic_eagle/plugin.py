@@ -1,0 +1,45 @@
+"""sglang plugin entry point (group ``sglang.srt.plugins``).
+
+sglang calls ``register()`` through ``load_plugins()`` in every process that
+matters: the launcher before it parses arguments, and each scheduler
+subprocess before it builds its workers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Type
+
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_registry import get_spec
+
+from sglang_dynamic_eagle import flags, upstream_internals
+from sglang_dynamic_eagle.spec_algo import ALGORITHM_NAME, DynamicEagleSpecAlgo
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+def _worker_class(server_args: ServerArgs) -> Type:
+    # Imported lazily: the worker pulls in torch kernels that the launcher
+    # process (argument parsing, --help) never needs.
+    from sglang_dynamic_eagle.worker import DynamicEagleWorker
+
+    return DynamicEagleWorker
+
+
+def register() -> None:
+    """Register EAGLE3_DYNAMIC, its flags and its hooks. Idempotent."""
+    if get_spec(ALGORITHM_NAME) is not None:
+        return
+    SpeculativeAlgorithm.register(
+        ALGORITHM_NAME,
+        supports_overlap=True,
+        validate_server_args=flags.validate_server_args,
+        spec_class=DynamicEagleSpecAlgo,
+    )(_worker_class)
+    flags.install_cli_hooks()
+    upstream_internals.install_hooks()
+    logger.debug("Registered speculative algorithm %s", ALGORITHM_NAME)

@@ -1,0 +1,134 @@
+"""The EAGLE3_DYNAMIC algorithm object that sglang dispatches on.
+
+sglang branches on ``spec_algorithm.is_eagle()`` / ``is_eagle3()`` and a few
+other methods all over the scheduler, model runner and memory sizing code, so
+this class answers every predicate exactly like ``SpeculativeAlgorithm.EAGLE3``
+and only changes what EAGLE3_DYNAMIC does differently at server-argument time:
+
+* no cap of 48 running requests (plain mode serves as many requests as a
+  server without speculation would);
+* the speculative CUDA graphs (target verify, draft, draft extend) are captured
+  only up to ``speculative_graph_max_bs``; the plain-decode graphs built by the
+  worker cover the full ``--cuda-graph-max-bs``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Optional
+
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+from sglang_dynamic_eagle.flags import current_flags
+
+if TYPE_CHECKING:
+    import torch
+    from sglang.srt.managers.overlap_utils import FutureMap
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.spec_info import SpecInput
+
+ALGORITHM_NAME = "EAGLE3_DYNAMIC"
+
+logger = logging.getLogger(__name__)
+
+_EAGLE3 = SpeculativeAlgorithm.EAGLE3
+
+
+def speculative_graph_max_bs(disable_batch_threshold: int, graph_max_bs: int) -> int:
+    """Largest batch the speculative graphs are captured for.
+
+    Twice the disable threshold leaves room for the ``--speculative-switch-patience``
+    steps that may still run speculatively above the threshold, and at the
+    default threshold (24) equals stock EAGLE's 48-request cap. Threshold 0
+    (always speculate) keeps every graph size.
+    """
+    if disable_batch_threshold == 0:
+        return graph_max_bs
+    return max(1, min(graph_max_bs, 2 * disable_batch_threshold))
+
+
+class DynamicEagleSpecAlgo(CustomSpecAlgo):
+    """Behaves as EAGLE3 for every sglang predicate; see the module docstring."""
+
+    def is_eagle(self) -> bool:
+        return True
+
+    def is_eagle3(self) -> bool:
+        return True
+
+    def supports_grammar_overlap(self) -> bool:
+        # The plain step does not call the scheduler's grammar barrier, so
+        # grammar batches must run without overlap (sglang then never passes it).
+        return False
+
+    def has_draft_kv(self) -> bool:
+        return _EAGLE3.has_draft_kv()
+
+    def carries_draft_hidden_states(self) -> bool:
+        return _EAGLE3.carries_draft_hidden_states()
+
+    def need_topk(self) -> bool:
+        return _EAGLE3.need_topk()
+
+    def create_future_map(
+        self,
+        device: torch.device,
+        req_to_token_pool,
+        needs_cpu_seq_lens: bool = True,
+        needs_confidence_relay: bool = False,
+    ) -> FutureMap:
+        # The unbound enum method builds FutureMap(device, self, ...), so the
+        # map keeps pointing at this algorithm object (need_topk() etc.).
+        return SpeculativeAlgorithm.create_future_map(
+            self, device, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay
+        )
+
+    def build_disagg_draft_input(
+        self,
+        batch: ScheduleBatch,
+        server_args: ServerArgs,
+        last_tokens_tensor: torch.Tensor,
+        future_map: FutureMap,
+    ) -> Optional[SpecInput]:
+        # PD disaggregation is rejected at startup (flags.validate_server_args).
+        return None
+
+    def handle_server_args(self, server_args: ServerArgs) -> None:
+        user_max_running_requests = server_args.max_running_requests
+        _EAGLE3.handle_server_args(server_args)
+        if user_max_running_requests is None:
+            server_args.max_running_requests = None
+            logger.info(
+                "%s: max running requests left to the KV-cache capacity "
+                "(EAGLE's cap of 48 is not applied; plain mode serves large batches).",
+                ALGORITHM_NAME,
+            )
+        _limit_speculative_graphs(server_args)
+
+
+def _limit_speculative_graphs(server_args: ServerArgs) -> None:
+    """Restrict the decode graph list to the speculative sizes.
+
+    ``decode.bs`` is what every speculative runner captures; ``decode.max_bs``
+    stays at the full size and is what the plain-decode runner covers.
+    """
+    decode = server_args.cuda_graph_config.decode
+    if not decode.bs:
+        return
+    spec_max_bs = speculative_graph_max_bs(
+        current_flags().disable_batch_threshold, max(decode.bs)
+    )
+    spec_bs = [bs for bs in decode.bs if bs <= spec_max_bs]
+    if spec_max_bs not in spec_bs:
+        spec_bs.append(spec_max_bs)
+    if decode.max_bs is None:
+        decode.max_bs = max(decode.bs)
+    decode.bs = spec_bs
+    logger.info(
+        "%s: speculative CUDA graphs up to batch %d, plain-decode graphs up to %d.",
+        ALGORITHM_NAME,
+        spec_max_bs,
+        decode.max_bs,
+    )
