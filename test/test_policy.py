@@ -372,10 +372,10 @@ def scenarios(draw: st.DrawFn) -> tuple[SwitchPolicyConfig, DecodeMode, list[int
     k = draw(st.integers(1, 6))
     config = SwitchPolicyConfig(n, m, k, cap)
     initial = draw(st.sampled_from(DecodeMode))
-    edges = sorted({v for v in (0, 1, m - 1, m, m + 1, n, n + 1, cap, cap + 1, 200) if v >= 0})
-    value = st.one_of(st.sampled_from(edges), st.integers(0, max(n, cap) + 8))
-    near_k = sorted({max(1, k - 1), k, k + 1})
-    length = st.one_of(st.sampled_from(near_k), st.integers(1, 2 * k + 1))
+    edges = [v for v in (0, 1, m - 1, m, m + 1, n, n + 1, cap, cap + 1, 200) if v >= 0]
+    # Edges are listed twice next to every plain value, so they come up often.
+    value = st.sampled_from(edges * 2 + list(range(max(n, cap) + 9)))
+    length = st.sampled_from([max(1, k - 1), k, k + 1] * 2 + list(range(1, 2 * k + 2)))
     runs = draw(st.lists(st.tuples(value, length), min_size=1, max_size=30))
     return config, initial, [v for v, run in runs for _ in range(run)]
 

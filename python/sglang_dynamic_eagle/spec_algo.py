@@ -34,6 +34,7 @@ ALGORITHM_NAME = "EAGLE3_DYNAMIC"
 logger = logging.getLogger(__name__)
 
 _EAGLE3 = SpeculativeAlgorithm.EAGLE3
+DEFAULT_DRAFT_SHAPE = (3, 1, 4)
 
 
 def speculative_graph_max_bs(disable_batch_threshold: int, graph_max_bs: int) -> int:
@@ -97,6 +98,7 @@ class DynamicEagleSpecAlgo(CustomSpecAlgo):
 
     def handle_server_args(self, server_args: ServerArgs) -> None:
         user_max_running_requests = server_args.max_running_requests
+        _default_to_chain_drafting(server_args)
         _EAGLE3.handle_server_args(server_args)
         if user_max_running_requests is None:
             server_args.max_running_requests = None
@@ -106,6 +108,30 @@ class DynamicEagleSpecAlgo(CustomSpecAlgo):
                 ALGORITHM_NAME,
             )
         _limit_speculative_graphs(server_args)
+
+
+def _default_to_chain_drafting(server_args: ServerArgs) -> None:
+    """Chain drafting (topk 1) unless the user chose the draft shape.
+
+    EAGLE3's automatic choice for Llama is a topk-4 tree, which EAGLE3_DYNAMIC
+    does not support yet (flags.validate_server_args rejects an explicit one).
+    """
+    shape = (
+        server_args.speculative_num_steps,
+        server_args.speculative_eagle_topk,
+        server_args.speculative_num_draft_tokens,
+    )
+    if shape == (None, None, None):
+        (
+            server_args.speculative_num_steps,
+            server_args.speculative_eagle_topk,
+            server_args.speculative_num_draft_tokens,
+        ) = DEFAULT_DRAFT_SHAPE
+        logger.info(
+            "%s: speculative steps %d, topk %d, draft tokens %d (defaults).",
+            ALGORITHM_NAME,
+            *DEFAULT_DRAFT_SHAPE,
+        )
 
 
 def _limit_speculative_graphs(server_args: ServerArgs) -> None:

@@ -55,7 +55,7 @@ from sglang_dynamic_eagle.spec_algo import speculative_graph_max_bs
 logger = logging.getLogger(__name__)
 
 CATCHUP_BUDGET_ENV = "SGLANG_DYNAMIC_EAGLE_CATCHUP_MIB"
-DEFAULT_CATCHUP_BUDGET_MIB = 512
+DEFAULT_CATCHUP_BUDGET_MIB = 1024
 
 
 def catchup_budget_bytes() -> int:

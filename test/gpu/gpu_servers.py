@@ -1,0 +1,175 @@
+"""Shared helpers for GPU tests: start sglang servers, talk to them over HTTP.
+
+These tests need a CUDA GPU and sglang 0.5.17 with this package installed
+(``bash test/gpu/run_on_device.sh`` sets that up on the project's GPU machine).
+Model folders come from ``SGLANG_DE_MODELS`` (default ``.gpu-kit/models``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+KIT_MODELS = Path(os.environ.get("SGLANG_DE_MODELS", REPO_ROOT / ".gpu-kit" / "models"))
+TINY_PAIR = REPO_ROOT / "models" / "tiny-pair"
+LOG_DIR = Path(os.environ.get("OUT", "/tmp"))
+START_TIMEOUT_S = 420
+
+COMMON_SERVER_ARGS = [
+    "--attention-backend", "triton",
+    "--sampling-backend", "pytorch",
+    "--disable-prefill-cuda-graph",
+    "--cuda-graph-max-bs", "128",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def post(self, path: str, payload: dict, timeout: float = 600) -> dict:
+        request = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+
+    def get(self, path: str, timeout: float = 60) -> dict:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
+            return json.loads(response.read())
+
+    def generate(
+        self,
+        input_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        top_logprobs_num: int = 0,
+    ) -> dict:
+        payload = {
+            "input_ids": list(input_ids),
+            "sampling_params": {
+                "temperature": 0.0,
+                "max_new_tokens": max_new_tokens,
+                "ignore_eos": True,
+            },
+        }
+        if top_logprobs_num:
+            payload.update(return_logprob=True, top_logprobs_num=top_logprobs_num)
+        return self.post("/generate", payload)
+
+    def dynamic_counters(self) -> Dict[str, float]:
+        info = self.get("/get_server_info")
+        states = info.get("internal_states") or [{}]
+        return states[0].get("dynamic_eagle", {})
+
+    def internal_state(self) -> dict:
+        info = self.get("/get_server_info")
+        return (info.get("internal_states") or [{}])[0]
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(line for line in text[-lines:] if "server_args=" not in line)
+
+
+def start_server(name: str, args: List[str], env: Optional[Dict[str, str]] = None) -> Server:
+    port = free_port()
+    log_path = LOG_DIR / f"server_{name}.log"
+    command = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), *args]
+    process = subprocess.Popen(
+        command,
+        stdout=log_path.open("w"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
+    return Server(name=name, port=port, process=process, log_path=log_path)
+
+
+def wait_healthy(server: Server) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server {server.name} died:\n{server.log_tail()}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(server.url + "/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        time.sleep(1)
+    raise TimeoutError(f"server {server.name} not healthy in {START_TIMEOUT_S}s:\n{server.log_tail()}")
+
+
+def stop_server(server: Server) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+
+
+@contextlib.contextmanager
+def running_servers(specs: Dict[str, List[str]], env: Optional[Dict[str, str]] = None) -> Iterator[Dict[str, Server]]:
+    """Start servers one after another on the shared GPU, yield them by name.
+
+    sglang sizes its memory from what is free when it starts, so starts are
+    sequential: give later servers a larger --mem-fraction-static (a fraction
+    of what the earlier ones left free).
+    """
+    servers: Dict[str, Server] = {}
+    try:
+        for name, args in specs.items():
+            servers[name] = start_server(name, args, env)
+            wait_healthy(servers[name])
+        yield servers
+    finally:
+        for server in servers.values():
+            stop_server(server)
+
+
+def eagle3_args(draft_path: Path, *, dummy: bool) -> List[str]:
+    args = [
+        "--speculative-draft-model-path", str(draft_path),
+        "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "4",
+    ]
+    if dummy:
+        args += ["--speculative-draft-load-format", "dummy"]
+    return args
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
+    for index, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def top2_margin(plain_output: dict, position: int) -> float:
+    """Top-1 minus top-2 logprob of the plain server at one output position."""
+    top = plain_output["meta_info"]["output_top_logprobs"][position]
+    values = sorted((entry[0] for entry in top), reverse=True)
+    return values[0] - values[1]

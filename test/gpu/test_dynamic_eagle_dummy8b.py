@@ -1,0 +1,127 @@
+"""EAGLE3_DYNAMIC on the 8B-shaped dummy model (bf16): losslessness across
+many switches, plain-graph use, and capacity beyond EAGLE's 48 requests.
+
+Dummy weights give nearly flat logits, so a differing token counts as a
+numerical tie only if the plain server's top-2 logprob margin there is below
+1e-3; any other difference fails.
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Sequence
+
+import pytest
+
+from gpu_servers import (
+    COMMON_SERVER_ARGS,
+    eagle3_args,
+    first_difference,
+    running_servers,
+    top2_margin,
+)
+
+pytestmark = pytest.mark.gpu
+
+TIE_MARGIN = 1e-3
+NUM_PROMPTS = 64
+WAVE_SIZE = 4
+DYNAMIC_FLAGS = [
+    "--speculative-disable-batch-threshold", "2",
+    "--speculative-enable-batch-threshold", "2",
+    "--speculative-switch-patience", "2",
+]
+
+
+def make_prompts(count: int, seed: int) -> List[Dict]:
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(count):
+        length = rng.choice([8, 32, 128, 512])
+        prompts.append(
+            {
+                "input_ids": [rng.randrange(3, 8000) for _ in range(length)],
+                "max_new_tokens": rng.choice([16, 40, 80, 128]),
+            }
+        )
+    return prompts
+
+
+def send_in_waves(server, prompts: Sequence[Dict], wave_size: int, **kwargs) -> List[dict]:
+    """Send prompts wave by wave: each wave starts at `wave_size` running
+    requests and drains to one, so the batch crosses both thresholds."""
+    outputs: List[dict] = []
+    with ThreadPoolExecutor(max_workers=wave_size) as pool:
+        for start in range(0, len(prompts), wave_size):
+            wave = prompts[start : start + wave_size]
+            outputs += list(
+                pool.map(
+                    lambda p: server.generate(p["input_ids"], p["max_new_tokens"], **kwargs),
+                    wave,
+                )
+            )
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def servers(kit_models):
+    target = ["--model-path", str(kit_models / "llama8b"), "--load-format", "dummy",
+              *COMMON_SERVER_ARGS]
+    draft = eagle3_args(kit_models / "eagle3-llama8b", dummy=True)
+    specs = {
+        "plain": target + ["--mem-fraction-static", "0.4"],
+        "dynamic": target + ["--mem-fraction-static", "0.75",
+                             "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *DYNAMIC_FLAGS],
+    }
+    with running_servers(specs) as started:
+        yield started
+
+
+def test_lossless_across_switches(servers):
+    prompts = make_prompts(NUM_PROMPTS, seed=1)
+    before = servers["dynamic"].dynamic_counters()
+    dynamic = send_in_waves(servers["dynamic"], prompts, WAVE_SIZE)
+    after = servers["dynamic"].dynamic_counters()
+    plain = send_in_waves(servers["plain"], prompts, WAVE_SIZE, top_logprobs_num=2)
+
+    switches_to_plain = after["switches_to_plain"] - before.get("switches_to_plain", 0)
+    switches_to_spec = after["switches_to_speculative"] - before.get("switches_to_speculative", 0)
+    ties, failures = 0, []
+    for index, (d, p) in enumerate(zip(dynamic, plain)):
+        position = first_difference(d["output_ids"], p["output_ids"])
+        if position is None:
+            continue
+        margin = top2_margin(p, position)
+        if margin < TIE_MARGIN:
+            ties += 1
+        else:
+            failures.append((index, position, margin))
+    print(
+        f"lossless: {NUM_PROMPTS} prompts, switches to plain {switches_to_plain}, "
+        f"to speculative {switches_to_spec}, numerical ties {ties}, failures {failures}, "
+        f"counters {after}"
+    )
+    assert switches_to_plain >= 10 and switches_to_spec >= 10
+    assert after["plain_steps"] > 0 and after["speculative_steps"] > 0
+    assert not failures
+
+
+def test_plain_mode_replays_plain_graphs(servers):
+    counters = servers["dynamic"].dynamic_counters()
+    print(f"plain graph steps {counters['plain_graph_steps']} of {counters['plain_steps']}")
+    assert counters["plain_steps"] > 0
+    assert counters["plain_graph_steps"] == counters["plain_steps"]
+
+
+def test_runs_more_than_48_requests_at_once(servers):
+    prompts = make_prompts(128, seed=2)
+    with ThreadPoolExecutor(max_workers=128) as pool:
+        list(pool.map(lambda p: servers["dynamic"].generate(p["input_ids"][:64], 96), prompts))
+    counters = servers["dynamic"].dynamic_counters()
+    state = servers["dynamic"].internal_state()
+    print(
+        f"capacity: max plain batch {counters['max_plain_batch']}, "
+        f"effective max running requests {state.get('effective_max_running_requests_per_dp')}"
+    )
+    assert counters["max_plain_batch"] > 48

@@ -1,0 +1,302 @@
+"""flags.py on its own: parsing, defaults, the environment hand-off, validation rules.
+
+No ServerArgs here (see test_server_args.py for the real sglang path); these tests use
+a bare argparse parser and stand-in server_args objects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sglang_dynamic_eagle import flags, policy
+from sglang_dynamic_eagle.flags import (
+    DISABLE_FLAG,
+    ENABLE_FLAG,
+    ENV_VAR,
+    PATIENCE_FLAG,
+    DynamicEagleFlags,
+)
+
+pytestmark = pytest.mark.usefixtures("clean_flags_env")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="test")
+    flags.add_cli_args(parser)
+    return parser
+
+
+# ---------------------------------------------------------------- defaults and rules
+
+
+def test_defaults_come_from_policy():
+    assert flags.DEFAULT_FLAGS == DynamicEagleFlags(
+        disable_batch_threshold=policy.DEFAULT_DISABLE_BATCH_THRESHOLD,
+        enable_batch_threshold=policy.DEFAULT_ENABLE_BATCH_THRESHOLD,
+        switch_patience=policy.DEFAULT_SWITCH_PATIENCE,
+    )
+    assert flags.DEFAULT_FLAGS == DynamicEagleFlags(24, 16, 4)
+    assert flags.resolve_flags() == flags.DEFAULT_FLAGS
+
+
+@pytest.mark.parametrize(
+    "n, expected_m",
+    [(24, 16), (100, 16), (9, 6), (3, 2), (2, 1), (1, 1), (0, 16)],
+)
+def test_enable_threshold_derived_when_only_disable_given(n, expected_m):
+    assert flags.resolve_flags(disable_batch_threshold=n).enable_batch_threshold == expected_m
+
+
+def test_explicit_enable_threshold_is_kept():
+    assert flags.resolve_flags(8, 8, 1) == DynamicEagleFlags(8, 8, 1)
+    # Only M given: N keeps its default.
+    assert flags.resolve_flags(enable_batch_threshold=3) == DynamicEagleFlags(24, 3, 4)
+
+
+@given(st.integers(min_value=1, max_value=10_000))
+def test_derived_enable_threshold_is_valid_for_every_n(n):
+    m = flags.derived_enable_threshold(n)
+    assert 1 <= m <= n
+    assert m <= policy.DEFAULT_ENABLE_BATCH_THRESHOLD
+    # The derived flags are accepted by the policy's own config check.
+    policy.SwitchPolicyConfig(n, m, 1, max_speculative_batch=max(n, 1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, flag",
+    [
+        ({"disable_batch_threshold": -1}, DISABLE_FLAG),
+        ({"disable_batch_threshold": "abc"}, DISABLE_FLAG),
+        ({"disable_batch_threshold": 2.5}, DISABLE_FLAG),
+        ({"disable_batch_threshold": True}, DISABLE_FLAG),
+        ({"enable_batch_threshold": -3}, ENABLE_FLAG),
+        ({"enable_batch_threshold": "1e3"}, ENABLE_FLAG),
+        ({"switch_patience": 0}, PATIENCE_FLAG),
+        ({"switch_patience": "four"}, PATIENCE_FLAG),
+    ],
+)
+def test_bad_values_name_the_flag(kwargs, flag):
+    with pytest.raises(ValueError) as excinfo:
+        flags.resolve_flags(**kwargs)
+    message = str(excinfo.value)
+    assert flag in message
+    assert "\n" not in message
+
+
+# ---------------------------------------------------------------- argparse
+
+
+def test_cli_parses_all_three_flags():
+    args = _parser().parse_args(
+        [DISABLE_FLAG, "32", ENABLE_FLAG, "8", PATIENCE_FLAG, "2"]
+    )
+    assert flags.flags_from_namespace(args) == DynamicEagleFlags(32, 8, 2)
+
+
+def test_cli_absent_flags_parse_to_none_and_resolve_to_defaults():
+    args = _parser().parse_args([])
+    assert getattr(args, flags.DISABLE_DEST) is None
+    assert getattr(args, flags.ENABLE_DEST) is None
+    assert getattr(args, flags.PATIENCE_DEST) is None
+    assert flags.flags_from_namespace(args) == flags.DEFAULT_FLAGS
+
+
+def test_add_cli_args_is_idempotent_per_parser():
+    parser = _parser()
+    flags.add_cli_args(parser)  # a second call must not raise argparse's conflict error
+    assert sum(DISABLE_FLAG in a.option_strings for a in parser._actions) == 1
+
+
+def test_help_states_defaults_and_algorithm():
+    text = _parser().format_help()
+    for flag in (DISABLE_FLAG, ENABLE_FLAG, PATIENCE_FLAG):
+        assert flag in text
+    assert "EAGLE3_DYNAMIC" in text
+    assert "Default: 24" in text and "Default: 16" in text and "Default: 4" in text
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        ([DISABLE_FLAG, "-1"], DISABLE_FLAG),
+        ([DISABLE_FLAG, "many"], DISABLE_FLAG),
+        ([ENABLE_FLAG, "1.5"], ENABLE_FLAG),
+        ([PATIENCE_FLAG, "0"], PATIENCE_FLAG),
+    ],
+)
+def test_cli_bad_value_is_a_one_line_argparse_error(argv, flag, capsys):
+    with pytest.raises(SystemExit) as excinfo:
+        _parser().parse_args(argv)
+    assert excinfo.value.code == 2
+    error_lines = [l for l in capsys.readouterr().err.splitlines() if "error:" in l]
+    assert len(error_lines) == 1
+    assert flag in error_lines[0]
+
+
+# ---------------------------------------------------------------- environment hand-off
+
+
+def test_current_flags_defaults_without_env():
+    assert ENV_VAR not in os.environ
+    assert flags.current_flags() == flags.DEFAULT_FLAGS
+
+
+def test_current_flags_reads_env(monkeypatch):
+    monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 40, "switch_patience": 2}))
+    assert flags.current_flags() == DynamicEagleFlags(40, 16, 2)
+    monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 6}))
+    assert flags.current_flags() == DynamicEagleFlags(6, 4, 4)
+
+
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        ("{not json", ENV_VAR),
+        ("[1, 2]", ENV_VAR),
+        ('{"disable_batch_treshold": 3}', ENV_VAR),
+        ('{"disable_batch_threshold": -2}', DISABLE_FLAG),
+        ('{"switch_patience": 0}', PATIENCE_FLAG),
+        ('{"enable_batch_threshold": "x"}', ENABLE_FLAG),
+    ],
+)
+def test_current_flags_bad_env_is_one_line_error(monkeypatch, raw, needle):
+    monkeypatch.setenv(ENV_VAR, raw)
+    with pytest.raises(ValueError) as excinfo:
+        flags.current_flags()
+    assert needle in str(excinfo.value)
+    assert "\n" not in str(excinfo.value)
+
+
+@given(
+    st.integers(0, 512),
+    st.integers(0, 512),
+    st.integers(1, 64),
+)
+def test_env_round_trip(n, m, k):
+    value = DynamicEagleFlags(n, m, k)
+    old = os.environ.get(ENV_VAR)
+    try:
+        flags.export_flags(value)
+        assert flags.current_flags() == value
+    finally:
+        if old is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = old
+
+
+def test_from_cli_args_hook_exports_before_serverargs_is_built():
+    """The AROUND hook must write ENV_VAR before it calls the original from_cli_args."""
+    seen = {}
+
+    def original(cls, args):
+        seen["env"] = os.environ.get(ENV_VAR)
+        seen["cls"] = cls
+        return "server-args"
+
+    args = _parser().parse_args([DISABLE_FLAG, "12", PATIENCE_FLAG, "3"])
+    result = flags._around_from_cli_args(original, "ServerArgsClass", args)
+    assert result == "server-args"
+    assert seen["cls"] == "ServerArgsClass"
+    assert json.loads(seen["env"]) == {
+        "disable_batch_threshold": 12,
+        "enable_batch_threshold": 8,
+        "switch_patience": 3,
+    }
+
+
+def test_from_cli_args_hook_overrides_a_stale_env_value(monkeypatch):
+    monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 99}))
+    args = _parser().parse_args([])
+    flags._around_from_cli_args(lambda cls, a: None, object, args)
+    assert flags.current_flags() == flags.DEFAULT_FLAGS
+
+
+def test_after_add_cli_args_hook_adds_flags_and_keeps_result():
+    parser = argparse.ArgumentParser()
+    assert flags._after_add_cli_args("result", parser) == "result"
+    assert DISABLE_FLAG in parser._option_string_actions
+
+
+def test_spawned_process_inherits_exported_flags():
+    """sglang starts schedulers with multiprocessing 'spawn'; they must see the values."""
+    flags.export_flags(DynamicEagleFlags(7, 3, 5))
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        assert pool.submit(flags.current_flags).result(timeout=120) == DynamicEagleFlags(7, 3, 5)
+
+
+# ---------------------------------------------------------------- validate_server_args
+
+
+def _server_args(**overrides):
+    """A stand-in with the ServerArgs fields validate_server_args reads, all 'supported'."""
+    fields = dict(
+        speculative_algorithm="EAGLE3_DYNAMIC",
+        speculative_draft_model_path="/draft",
+        enable_dp_attention=False,
+        pp_size=1,
+        speculative_adaptive=False,
+        enable_two_batch_overlap=False,
+        enable_pdmux=False,
+        disaggregation_mode="null",
+        enable_lora=None,
+        lora_paths=None,
+        speculative_eagle_topk=None,
+        enable_attn_tp_input_scattered=False,
+        speculative_use_rejection_sampling=False,
+    )
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+def test_validate_accepts_supported_configuration():
+    flags.validate_server_args(_server_args())
+    flags.validate_server_args(_server_args(speculative_eagle_topk=1))
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        ({"speculative_draft_model_path": None}, "--speculative-draft-model-path"),
+        ({"enable_dp_attention": True}, "--enable-dp-attention"),
+        ({"pp_size": 2}, "--pp-size"),
+        ({"speculative_adaptive": True}, "--speculative-adaptive"),
+        ({"enable_two_batch_overlap": True}, "--enable-two-batch-overlap"),
+        ({"enable_pdmux": True}, "--enable-pdmux"),
+        ({"disaggregation_mode": "decode"}, "--disaggregation-mode"),
+        ({"enable_lora": True}, "--enable-lora"),
+        ({"lora_paths": ["a=/lora"]}, "--lora-paths"),
+        ({"speculative_eagle_topk": 2}, "--speculative-eagle-topk"),
+        ({"enable_attn_tp_input_scattered": True}, "--enable-attn-tp-input-scattered"),
+        ({"speculative_use_rejection_sampling": True}, "--speculative-use-rejection-sampling"),
+    ],
+)
+def test_validate_rejects_unsupported(overrides, needle):
+    with pytest.raises(ValueError) as excinfo:
+        flags.validate_server_args(_server_args(**overrides))
+    assert needle in str(excinfo.value)
+    assert "\n" not in str(excinfo.value)
+
+
+def test_validate_rejects_enable_above_disable(monkeypatch):
+    monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 4, "enable_batch_threshold": 8}))
+    with pytest.raises(ValueError, match=ENABLE_FLAG):
+        flags.validate_server_args(_server_args())
+    # N == 0 (always speculate) ignores M.
+    monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 0, "enable_batch_threshold": 8}))
+    flags.validate_server_args(_server_args())
+
+
+def test_validate_rejects_bad_env(monkeypatch):
+    monkeypatch.setenv(ENV_VAR, json.dumps({"switch_patience": -1}))
+    with pytest.raises(ValueError, match=PATIENCE_FLAG):
+        flags.validate_server_args(_server_args())

@@ -1,0 +1,238 @@
+"""sglang's real argument path on CPU: prepare_server_args -> ServerArgs.__post_init__.
+
+Expectations marked ``LEAD:`` encode behaviour of spec_algo.DynamicEagleSpecAlgo
+.handle_server_args (not of flags.py); they are written from the project brief.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from sglang_dynamic_eagle import flags
+from sglang_dynamic_eagle.flags import (
+    DISABLE_FLAG,
+    ENABLE_FLAG,
+    ENV_VAR,
+    PATIENCE_FLAG,
+    DynamicEagleFlags,
+)
+
+pytestmark = pytest.mark.usefixtures("clean_flags_env")
+
+CHAIN = [
+    "--speculative-num-steps", "3",
+    "--speculative-eagle-topk", "1",
+    "--speculative-num-draft-tokens", "4",
+]
+
+
+@pytest.fixture(scope="module")
+def draft(tiny_models):
+    return ["--speculative-draft-model-path", tiny_models.draft]
+
+
+def _spec_params(server_args):
+    return (
+        server_args.speculative_num_steps,
+        server_args.speculative_eagle_topk,
+        server_args.speculative_num_draft_tokens,
+    )
+
+
+def _both(prepare, draft, *argv, model="llama"):
+    eagle3 = prepare("--speculative-algorithm", "EAGLE3", *draft, *argv, model=model)
+    dynamic = prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *argv, model=model)
+    return eagle3, dynamic
+
+
+# ---------------------------------------------------------------- resolution
+
+
+def test_chain_params_resolve_like_eagle3(prepare, draft):
+    eagle3, dynamic = _both(prepare, draft, *CHAIN)
+    assert dynamic.speculative_algorithm == "EAGLE3_DYNAMIC"
+    assert _spec_params(dynamic) == _spec_params(eagle3) == (3, 1, 4)
+
+
+def test_defaults_resolve_like_eagle3_for_generic_target(prepare, draft):
+    # sglang's generic EAGLE default (3, 1, 4) is a chain, so both must agree.
+    eagle3, dynamic = _both(prepare, draft, model="qwen2")
+    assert _spec_params(eagle3) == (3, 1, 4)
+    assert _spec_params(dynamic) == _spec_params(eagle3)
+
+
+def test_defaults_for_llama_target_are_a_chain(prepare, draft):
+    """LEAD: sglang picks (5 steps, topk 4, 8 tokens) for LlamaForCausalLM under EAGLE3.
+
+    EAGLE3_DYNAMIC supports chain drafting only (topk 1), and validate_server_args runs
+    before these defaults are filled in, so handle_server_args must choose a chain when
+    the user gave no steps/topk/draft tokens.
+    """
+    eagle3, dynamic = _both(prepare, draft)
+    assert _spec_params(eagle3) == (5, 4, 8)
+    steps, topk, tokens = _spec_params(dynamic)
+    assert topk == 1
+    assert steps >= 1 and tokens == steps + 1
+
+
+def test_max_running_requests_not_capped(prepare, draft):
+    """LEAD: EAGLE3 caps max_running_requests at 48; EAGLE3_DYNAMIC does not."""
+    eagle3, dynamic = _both(prepare, draft, *CHAIN)
+    assert eagle3.max_running_requests == 48
+    assert dynamic.max_running_requests is None or dynamic.max_running_requests > 48
+
+
+def test_user_max_running_requests_is_kept(prepare, draft):
+    eagle3, dynamic = _both(prepare, draft, *CHAIN, "--max-running-requests", "200")
+    assert eagle3.max_running_requests == dynamic.max_running_requests == 200
+
+
+def test_lowercase_algorithm_name(prepare, draft):
+    server_args = prepare("--speculative-algorithm", "eagle3_dynamic", *draft, *CHAIN)
+    assert server_args.speculative_algorithm == "EAGLE3_DYNAMIC"
+
+
+# ---------------------------------------------------------------- flags reach current_flags()
+
+
+def test_flags_land_in_current_flags(prepare, draft):
+    prepare(
+        "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *CHAIN,
+        DISABLE_FLAG, "32", ENABLE_FLAG, "8", PATIENCE_FLAG, "2",
+    )
+    assert flags.current_flags() == DynamicEagleFlags(32, 8, 2)
+    assert json.loads(os.environ[ENV_VAR]) == {
+        "disable_batch_threshold": 32,
+        "enable_batch_threshold": 8,
+        "switch_patience": 2,
+    }
+
+
+def test_only_disable_threshold_given(prepare, draft):
+    prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *CHAIN, DISABLE_FLAG, "12")
+    assert flags.current_flags() == DynamicEagleFlags(12, 8, 4)
+
+
+def test_no_flags_give_defaults_even_over_stale_env(prepare, draft, monkeypatch):
+    monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 99}))
+    prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *CHAIN)
+    assert flags.current_flags() == flags.DEFAULT_FLAGS
+
+
+def test_zero_disables_switching_and_ignores_enable(prepare, draft):
+    prepare(
+        "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *CHAIN,
+        DISABLE_FLAG, "0", ENABLE_FLAG, "64",
+    )
+    assert flags.current_flags() == DynamicEagleFlags(0, 64, 4)
+
+
+def test_flags_without_our_algorithm_are_accepted(prepare, draft):
+    # M > N is only an error with EAGLE3_DYNAMIC; the values are ignored otherwise.
+    server_args = prepare(
+        "--speculative-algorithm", "EAGLE3", *draft, *CHAIN,
+        DISABLE_FLAG, "4", ENABLE_FLAG, "8",
+    )
+    assert server_args.speculative_algorithm == "EAGLE3"
+
+
+def test_python_api_path_reads_env(tiny_models, loaded_plugins, monkeypatch):
+    """Engine(**kwargs) builds ServerArgs directly: no CLI hook, the env var is the input."""
+    from sglang.srt.server_args import ServerArgs
+
+    monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 4, "enable_batch_threshold": 8}))
+    kwargs = dict(
+        model_path=tiny_models.llama,
+        device="cpu",
+        speculative_algorithm="EAGLE3_DYNAMIC",
+        speculative_draft_model_path=tiny_models.draft,
+        speculative_num_steps=3,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=4,
+    )
+    with pytest.raises(ValueError, match=ENABLE_FLAG):
+        ServerArgs(**kwargs)
+    monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 40}))
+    ServerArgs(**kwargs)
+    assert flags.current_flags() == DynamicEagleFlags(40, 16, 4)
+
+
+# ---------------------------------------------------------------- bad input at startup
+
+
+BAD = [
+    pytest.param([], "--speculative-draft-model-path", id="no-draft"),
+    pytest.param([DISABLE_FLAG, "4", ENABLE_FLAG, "8"], ENABLE_FLAG, id="enable-above-disable"),
+    pytest.param(
+        ["--enable-dp-attention", "--tp-size", "2", "--dp-size", "2"],
+        "--enable-dp-attention",
+        id="dp-attention",
+    ),
+    pytest.param(["--pp-size", "2"], "--pp-size", id="pp"),
+    pytest.param(["--speculative-adaptive"], "--speculative-adaptive", id="adaptive"),
+    pytest.param(["--enable-two-batch-overlap"], "--enable-two-batch-overlap", id="tbo"),
+    pytest.param(["--enable-pdmux"], "--enable-pdmux", id="pdmux"),
+    pytest.param(["--disaggregation-mode", "decode"], "--disaggregation-mode", id="pd-decode"),
+    pytest.param(["--disaggregation-mode", "prefill"], "--disaggregation-mode", id="pd-prefill"),
+    pytest.param(["--enable-lora"], "--enable-lora", id="enable-lora"),
+    pytest.param(["--lora-paths", "adapter=/nonexistent/lora"], "--lora-paths", id="lora-paths"),
+    pytest.param(
+        ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+         "--speculative-num-draft-tokens", "8"],
+        "--speculative-eagle-topk",
+        id="topk-4",
+    ),
+    pytest.param(["--speculative-eagle-topk", "2"], "--speculative-eagle-topk", id="topk-2-alone"),
+    pytest.param(
+        ["--enable-attn-tp-input-scattered"], "--enable-attn-tp-input-scattered", id="attn-tp-scattered"
+    ),
+    pytest.param(
+        ["--speculative-use-rejection-sampling"],
+        "--speculative-use-rejection-sampling",
+        id="rejection-sampling",
+    ),
+]
+
+
+@pytest.mark.parametrize("argv, flag", BAD)
+def test_bad_input_fails_at_startup(prepare, tiny_models, argv, flag):
+    draft = [] if argv == [] else ["--speculative-draft-model-path", tiny_models.draft]
+    with pytest.raises(ValueError) as excinfo:
+        prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *argv)
+    message = str(excinfo.value)
+    assert flag in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+                      "--speculative-num-draft-tokens", "8"], id="topk-4"),
+        pytest.param(["--enable-attn-tp-input-scattered"], id="attn-tp-scattered"),
+        pytest.param(["--enable-two-batch-overlap"], id="tbo"),
+    ],
+)
+def test_same_input_is_fine_for_eagle3(prepare, draft, argv):
+    """Control: the refusals above come from EAGLE3_DYNAMIC, not from sglang itself."""
+    prepare("--speculative-algorithm", "EAGLE3", *draft, *argv)
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        ([DISABLE_FLAG, "-1"], DISABLE_FLAG),
+        ([DISABLE_FLAG, "ten"], DISABLE_FLAG),
+        ([ENABLE_FLAG, "2.5"], ENABLE_FLAG),
+        ([PATIENCE_FLAG, "0"], PATIENCE_FLAG),
+    ],
+)
+def test_bad_flag_value_is_an_argparse_error(prepare, draft, argv, flag, capsys):
+    with pytest.raises(SystemExit) as excinfo:
+        prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *argv)
+    assert excinfo.value.code == 2
+    errors = [l for l in capsys.readouterr().err.splitlines() if "error:" in l]
+    assert len(errors) == 1 and flag in errors[0]
