@@ -23,6 +23,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import dataclasses
 import hashlib
@@ -40,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
-from transformers import PreTrainedTokenizerFast
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
+                          PreTrainedTokenizerFast)
 
 logger = logging.getLogger("train_tiny_pair")
 
@@ -96,12 +97,12 @@ FULL = Scale(
     reference_prompts=4,
 )
 SMOKE = Scale(
-    vocab_size=512, max_train_chars=1_500_000, hidden=128, target_intermediate=256,
-    target_layers=4, heads=2, kv_heads=1, head_dim=64, target_steps=40, target_batch=8,
-    target_seq=128, target_lr=3e-3, target_max_s=40.0, gen_seqs=48, gen_prompt_len=24,
-    gen_len=40, gen_batch=16, draft_intermediate=192, draft_vocab_size=256, draft_steps=40,
-    draft_batch=8, draft_lr=2e-3, draft_max_s=30.0, ttt_steps=3, eval_prompt_lens=(12, 20),
-    eval_prompts_per_len=3, eval_max_new=24, reference_prompts=3,
+    vocab_size=384, max_train_chars=300_000, hidden=128, target_intermediate=256,
+    target_layers=4, heads=2, kv_heads=1, head_dim=64, target_steps=30, target_batch=4,
+    target_seq=64, target_lr=3e-3, target_max_s=20.0, gen_seqs=16, gen_prompt_len=16,
+    gen_len=24, gen_batch=16, draft_intermediate=192, draft_vocab_size=192, draft_steps=30,
+    draft_batch=4, draft_lr=2e-3, draft_max_s=20.0, ttt_steps=3, eval_prompt_lens=(12, 16),
+    eval_prompts_per_len=2, eval_max_new=16, reference_prompts=2,
 )
 ROPE_THETA = 10000.0
 RMS_EPS = 1e-5
@@ -194,8 +195,9 @@ def target_config(scale: Scale) -> LlamaConfig:
     )
 
 
-def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
-    """Linear warmup, cosine decay to 10% of the peak."""
+def lr_at(step: int, total: int, peak: float) -> float:
+    """Linear warmup (10% of the steps, at most 100), cosine decay to 10% of the peak."""
+    warmup = max(1, min(100, total // 10))
     if step < warmup:
         return peak * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
@@ -842,6 +844,17 @@ def run(scale: Scale, out: Path, seed: int, device: torch.device) -> dict:
     }
 
 
+def with_overrides(scale: Scale, overrides: list[str]) -> Scale:
+    """Apply FIELD=VALUE overrides, each parsed as a Python literal."""
+    changes = {}
+    for item in overrides:
+        field, value = item.split("=", 1)
+        if field not in {f.name for f in dataclasses.fields(Scale)}:
+            raise SystemExit(f"unknown Scale field {field!r}")
+        changes[field] = ast.literal_eval(value)
+    return dataclasses.replace(scale, **changes)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="output folder (created)")
@@ -849,9 +862,11 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="toy scale, for a CPU check")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a Scale field, e.g. --set target_steps=2000")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    scale = SMOKE if args.smoke else FULL
+    scale = with_overrides(SMOKE if args.smoke else FULL, args.set)
     device = torch.device(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
     card = run(scale, args.out, args.seed, device)

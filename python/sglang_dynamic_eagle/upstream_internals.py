@@ -151,7 +151,7 @@ def _dynamic_worker(scheduler) -> Any:
 def _add_counters_to_internal_state(result, scheduler, *args, **kwargs):
     worker = _dynamic_worker(scheduler)
     if worker is not None:
-        result.internal_state["dynamic_eagle"] = worker.counters.snapshot()
+        result.internal_state["dynamic_eagle"] = worker.report()
     return result
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 from sglang.srt.layers.logprob_processor import compute_spec_v2_logprobs
@@ -80,6 +80,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._plain_graphs: Optional[PlainDecodeGraphs] = None
         self._catchup: Optional[DraftCatchup] = None
         self._last_step_plain = False
+        self._catchup_timings: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._catchup_gpu_ms = 0.0
 
     # -- start-up -------------------------------------------------------
 
@@ -227,14 +229,49 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         plan = self._catchup.plan(_req_pool_indices(batch))
         if not plan.rows:
             return
+        self._harvest_catchup_timings()
         draft_worker = self._draft_worker
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         with (
             draft_worker.draft_tp_context(draft_worker.draft_runner.tp_group),
             speculative_moe_backend_context(),
             speculative_moe_a2a_backend_context(),
         ):
             self._catchup.run(draft_worker, batch, plan)
+        end.record()
+        self._catchup_timings.append((start, end))
         self.counters.record_catchup(plan.num_tokens, plan.truncated_tokens)
+
+    # -- reporting -------------------------------------------------------
+
+    def report(self) -> Dict[str, Union[int, float]]:
+        """Counters plus the static facts of this server, for /get_server_info."""
+        self._harvest_catchup_timings()
+        policy = self._policy.config
+        return {
+            **self.counters.snapshot(),
+            "catchup_gpu_ms": round(self._catchup_gpu_ms, 3),
+            "disable_batch_threshold": policy.disable_batch_threshold,
+            "enable_batch_threshold": policy.enable_batch_threshold,
+            "switch_patience": policy.switch_patience,
+            "max_speculative_graph_batch": policy.max_speculative_batch,
+            "max_plain_graph_batch": self._plain_graphs.max_bs,
+            "plain_graph_capture_s": round(self._plain_graphs.capture_seconds, 2),
+            "plain_graph_memory_gib": round(self._plain_graphs.capture_gib, 3),
+            "catchup_window": self._catchup.window,
+            "catchup_stash_mib": round(self._catchup.stash_bytes / 2**20, 1),
+        }
+
+    def _harvest_catchup_timings(self) -> None:
+        """Add up finished catch-up timings without waiting for running ones."""
+        pending = []
+        for start, end in self._catchup_timings:
+            if end.query():
+                self._catchup_gpu_ms += start.elapsed_time(end)
+            else:
+                pending.append((start, end))
+        self._catchup_timings = pending
 
     def _plain_step(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
         target_runner = self._target_worker.model_runner
