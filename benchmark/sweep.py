@@ -13,6 +13,7 @@ See benchmark/README.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import shlex
 import shutil
@@ -31,7 +32,6 @@ RESULTS_FILE = "results.json"
 ADAPTIVE_CONFIG_FILE = "adaptive_config.json"
 SERVER_LOGS_FILE = "server_logs_tail.txt"
 ERROR_TAIL_LINES = 30
-BENCH_OUTPUT_TAIL_CHARS = 2000
 
 FULL_DEFAULTS = {
     "concurrencies": "1,4,16,64,128",
@@ -103,37 +103,79 @@ def run_record(config: str, concurrency: int, num_prompts: int, status: str, err
     }
 
 
-def bench_one_concurrency(plan: SweepPlan, running: server.RunningServer, concurrency: int,
-                          scratch: Path, deadline: Deadline) -> dict:
-    num_prompts = bench.prompts_for_concurrency(concurrency, plan.waves, plan.min_prompts)
-    timeout_s = min(plan.bench_timeout_s, deadline.remaining_s())
-    if timeout_s <= 0:
-        return run_record(running.config, concurrency, num_prompts, "skipped", "time budget spent")
-    output_file = scratch / f"bench_{running.config}_c{concurrency}.jsonl"
-    command = bench.bench_command(plan.bench_settings, plan.setup.host, plan.setup.port,
-                                  concurrency, num_prompts, str(output_file))
-    before = mode_counters.find_mode_counters(server.fetch_server_info(running.base_url))
-    started = time.monotonic()
-    exit_code, output = bench.run_bench_command(command, timeout_s)
-    wall_s = time.monotonic() - started
-    after = mode_counters.find_mode_counters(server.fetch_server_info(running.base_url))
-    result_line = bench.last_json_line(output_file.read_text()) if output_file.exists() else None
-    if exit_code != 0 or result_line is None:
-        record = run_record(running.config, concurrency, num_prompts, "failed",
-                            f"bench_serving exit code {exit_code}; output tail:\n{output[-BENCH_OUTPUT_TAIL_CHARS:]}")
-        record["wall_s"] = wall_s
-        return record
-    parsed = bench.parse_bench_result(result_line)
+def record_from_result_line(config: str, num_prompts: int, line: dict, counters_before: dict | None,
+                            wall_s: float) -> dict:
+    """A run record from one bench_serving result line. The line's server_info was fetched right
+    after the run, so it holds the mode counters after it."""
+    parsed = bench.parse_bench_result(line)
     completed = parsed.metrics.get("completed") or 0
     record = run_record(
-        running.config, concurrency, num_prompts,
+        config, int(line["max_concurrency"]), num_prompts,
         results.RUN_OK if completed == num_prompts else "incomplete",
         None if completed == num_prompts else f"{completed} of {num_prompts} requests completed",
     )
+    counters_after = mode_counters.find_mode_counters(line.get("server_info"))
     record.update(wall_s=wall_s, metrics=parsed.metrics, ttft_diagnostics=parsed.ttft_diagnostics,
-                  mode_counters={"before": before, "after": after,
-                                 "delta": mode_counters.counter_delta(before, after)})
+                  mode_counters={"before": counters_before, "after": counters_after,
+                                 "delta": mode_counters.counter_delta(counters_before, counters_after)})
     return record
+
+
+def warm_up(plan: SweepPlan, running: server.RunningServer, scratch: Path, deadline: Deadline) -> None:
+    """One short unrecorded wave at every concurrency, so that every configuration is measured
+    after its lazily compiled kernels (Triton, sglang's JIT ops) exist, whatever ran before it
+    on the machine. Its output length is WARMUP_OUTPUT_LEN tokens."""
+    settings = dataclasses.replace(plan.bench_settings, output_len=WARMUP_OUTPUT_LEN)
+    output_file = scratch / f"warmup_{running.config}.jsonl"
+    command = bench.bench_driver_command(settings, plan.setup.host, plan.setup.port,
+                                         [(c, c) for c in plan.concurrencies], str(output_file))
+    timeout_s = min(plan.bench_timeout_s, deadline.remaining_s())
+    bench.run_bench_driver(command, output_file, scratch / f"warmup_{running.config}.log", timeout_s,
+                           on_result=lambda line: None,
+                           server_alive=lambda: server.server_is_running(running))
+    logger.info("[%s] warmed up at concurrencies %s", running.config, plan.concurrencies)
+
+
+def bench_all_concurrencies(plan: SweepPlan, running: server.RunningServer, document: dict,
+                            out_dir: Path, scratch: Path, deadline: Deadline) -> None:
+    """Run bench_serving at every concurrency against the running server, recording each run as
+    its result line appears. Concurrencies without a result line are recorded as failed."""
+    config = running.config
+    prompts = {c: bench.prompts_for_concurrency(c, plan.waves, plan.min_prompts) for c in plan.concurrencies}
+    timeout_s = min(plan.bench_timeout_s * len(prompts), deadline.remaining_s())
+    if timeout_s <= 0:
+        document["runs"] += [run_record(config, c, n, "skipped", "time budget spent") for c, n in prompts.items()]
+        return
+    output_file = scratch / f"bench_{config}.jsonl"
+    driver_log = scratch / f"bench_{config}.log"
+    command = bench.bench_driver_command(plan.bench_settings, plan.setup.host, plan.setup.port,
+                                         list(prompts.items()), str(output_file))
+    state = {"counters": mode_counters.find_mode_counters(server.fetch_server_info(running.base_url)),
+             "since": time.monotonic()}
+    done: set[int] = set()
+
+    def on_result(line: dict) -> None:
+        concurrency = int(line["max_concurrency"])
+        run = record_from_result_line(config, prompts[concurrency], line, state["counters"],
+                                      time.monotonic() - state["since"])
+        state.update(counters=run["mode_counters"]["after"], since=time.monotonic())
+        done.add(concurrency)
+        document["runs"].append(run)
+        results.save_results(document, out_dir / RESULTS_FILE)
+        logger.info("%s", progress_line(run))
+
+    exit_code = bench.run_bench_driver(command, output_file, driver_log, timeout_s, on_result,
+                                       server_alive=lambda: server.server_is_running(running))
+    reason = {
+        bench.TIMEOUT_EXIT_CODE: "time budget or --bench-timeout-s reached",
+        bench.SERVER_DIED_EXIT_CODE: "server died",
+    }.get(exit_code, f"no result line (bench driver exit code {exit_code})")
+    output_tail = server.log_tail(driver_log, ERROR_TAIL_LINES)
+    for concurrency in sorted(set(prompts) - done):
+        run = run_record(config, concurrency, prompts[concurrency], "failed",
+                         f"{reason}; bench_serving output tail:\n{output_tail}")
+        document["runs"].append(run)
+        logger.info("%s", progress_line(run))
 
 
 def progress_line(record: dict) -> str:
@@ -155,11 +197,11 @@ def progress_line(record: dict) -> str:
     return line
 
 
-def config_record(plan: SweepPlan, config: str, command: list[str]) -> dict:
+def config_record(plan: SweepPlan, command: list[str]) -> dict:
     return {
         "status": "skipped", "error": None, "server_command": command,
         "server_env": plan.server_env, "startup_s": None, "max_running_requests": None,
-        "server_version": None, "ttft_probe": None,
+        "server_version": None, "dynamic_policy": {}, "ttft_probe": None,
     }
 
 
@@ -168,7 +210,7 @@ def sweep_config(plan: SweepPlan, config: str, document: dict, out_dir: Path,
     """Serve and benchmark one configuration; record everything into `document`.
     Returns the trimmed server log for the log-tail file."""
     command = configs.server_command(config, plan.setup)
-    record = config_record(plan, config, command)
+    record = config_record(plan, command)
     document["configs"][config] = record
     if deadline.remaining_s() < plan.min_config_window_s:
         record["error"] = "time budget spent"
@@ -188,7 +230,8 @@ def sweep_config(plan: SweepPlan, config: str, document: dict, out_dir: Path,
         info = server.fetch_server_info(running.base_url)
         record.update(status=results.RUN_OK,
                       max_running_requests=server.effective_max_running_requests(info),
-                      server_version=(info or {}).get("version"))
+                      server_version=(info or {}).get("version"),
+                      dynamic_policy=mode_counters.policy_settings(mode_counters.find_mode_counters(info)))
         logger.info("[%s] healthy after %.0f s, effective max running requests %s",
                     config, record["startup_s"], record["max_running_requests"])
         if plan.probe_requests > 0:
@@ -201,16 +244,13 @@ def sweep_config(plan: SweepPlan, config: str, document: dict, out_dir: Path,
                         config, *(None if v is None else round(v, 1) for v in (
                             probe["cold_token_ttft_ms"], probe["warm_median_token_ttft_ms"],
                             probe["warm_median_text_ttft_ms"], probe["warm_median_e2e_ms"])))
-        for concurrency in plan.concurrencies:
-            run = bench_one_concurrency(plan, running, concurrency, scratch, deadline)
-            document["runs"].append(run)
-            results.save_results(document, out_dir / RESULTS_FILE)
-            logger.info("%s", progress_line(run))
-            if not server.server_is_running(running):
-                raise server.ServerStartError(
-                    f"[{config}] server died during the c={concurrency} run; last log lines:\n"
-                    f"{server.log_tail(log_path, ERROR_TAIL_LINES)}")
-    except server.ServerStartError as error:
+        warm_up(plan, running, scratch, deadline)
+        bench_all_concurrencies(plan, running, document, out_dir, scratch, deadline)
+        if not server.server_is_running(running):
+            raise server.ServerError(
+                f"[{config}] server died while being benchmarked; last log lines:\n"
+                f"{server.log_tail(log_path, ERROR_TAIL_LINES)}")
+    except server.ServerError as error:
         record.update(status="failed" if record["status"] == results.RUN_OK else "failed_to_start",
                       error=str(error))
         logger.error("%s", error)
@@ -365,7 +405,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-timeout-s", type=float, default=300.0,
                         help="longest wait for a server to become healthy (default %(default)s)")
     parser.add_argument("--bench-timeout-s", type=float, default=300.0,
-                        help="longest bench_serving run (default %(default)s)")
+                        help="time allowed per concurrency; the bench process of a configuration is killed after "
+                             "this times the number of concurrencies (default %(default)s)")
     parser.add_argument("--time-budget-s", type=float,
                         help="stop starting servers or runs after this many seconds (default: no limit)")
     parser.add_argument("--min-config-window-s", type=float, default=120.0,

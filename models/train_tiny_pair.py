@@ -37,9 +37,12 @@ import tarfile
 import time
 from pathlib import Path
 
+import tokenizers
 import torch
 import torch.nn.functional as F
+import transformers
 from safetensors.torch import load_file, save_file
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 from torch import nn
 from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
                           PreTrainedTokenizerFast)
@@ -48,9 +51,12 @@ logger = logging.getLogger("train_tiny_pair")
 
 PAD, BOS, EOS = 0, 1, 2
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>"]
-AUX_LAYER_IDS = (0, 1, 2)  # HF decoder layers whose outputs the draft reads (sglang captures id + 1)
+# HF decoder layers whose outputs the draft reads (sglang captures before layer id + 1).
+AUX_LAYER_IDS = (0, 1, 2)
 HELDOUT_MODULO = 20  # a file is held out when sha1(relative path) % 20 == 0 (5% of files)
-MAX_WEIGHT_BYTES = 8_000_000  # both models' safetensors together
+# Both models' safetensors together. Device calls carry the checkout (the committed pair
+# included) next to the 58 MB GPU kit within 64 MiB, so the pair stays well under 8 MB.
+MAX_WEIGHT_BYTES = 5_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,20 +94,20 @@ class Scale:
 
 
 FULL = Scale(
-    vocab_size=2048, max_train_chars=None, hidden=256, target_intermediate=512, target_layers=4,
-    heads=4, kv_heads=2, head_dim=64, target_steps=3000, target_batch=64, target_seq=512,
-    target_lr=3e-3, target_max_s=100.0, gen_seqs=8192, gen_prompt_len=64, gen_len=192,
-    gen_batch=1024, draft_intermediate=384, draft_vocab_size=1024, draft_steps=3000,
-    draft_batch=64, draft_lr=2e-3, draft_max_s=75.0, ttt_steps=3,
+    vocab_size=1024, max_train_chars=None, hidden=192, target_intermediate=512, target_layers=4,
+    heads=3, kv_heads=1, head_dim=64, target_steps=3000, target_batch=64, target_seq=512,
+    target_lr=3e-3, target_max_s=50.0, gen_seqs=8192, gen_prompt_len=64, gen_len=192,
+    gen_batch=1024, draft_intermediate=384, draft_vocab_size=512, draft_steps=3000,
+    draft_batch=64, draft_lr=2e-3, draft_max_s=45.0, ttt_steps=3,
     eval_prompt_lens=(24, 40, 64, 100), eval_prompts_per_len=16, eval_max_new=64,
     reference_prompts=4,
 )
 SMOKE = Scale(
     vocab_size=384, max_train_chars=300_000, hidden=128, target_intermediate=256,
-    target_layers=4, heads=2, kv_heads=1, head_dim=64, target_steps=30, target_batch=4,
-    target_seq=64, target_lr=3e-3, target_max_s=20.0, gen_seqs=16, gen_prompt_len=16,
-    gen_len=24, gen_batch=16, draft_intermediate=192, draft_vocab_size=192, draft_steps=30,
-    draft_batch=4, draft_lr=2e-3, draft_max_s=20.0, ttt_steps=3, eval_prompt_lens=(12, 16),
+    target_layers=4, heads=2, kv_heads=1, head_dim=64, target_steps=150, target_batch=8,
+    target_seq=64, target_lr=3e-3, target_max_s=30.0, gen_seqs=32, gen_prompt_len=16,
+    gen_len=32, gen_batch=32, draft_intermediate=192, draft_vocab_size=192, draft_steps=100,
+    draft_batch=8, draft_lr=2e-3, draft_max_s=20.0, ttt_steps=3, eval_prompt_lens=(12, 16),
     eval_prompts_per_len=2, eval_max_new=16, reference_prompts=2,
 )
 ROPE_THETA = 10000.0
@@ -155,9 +161,7 @@ def load_corpus(max_train_chars: int | None) -> Corpus:
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
     """Byte-level BPE with <pad>/<s>/</s> = 0/1/2; encoding prepends <s> like Llama."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
+    tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -366,7 +370,8 @@ class Eagle3Draft(nn.Module):
 
     def set_vocab(self, draft_to_target: torch.Tensor) -> None:
         """draft_to_target: sorted target ids of the draft vocabulary."""
-        self.d2t.copy_(draft_to_target - torch.arange(len(draft_to_target)))
+        self.d2t.copy_(draft_to_target - torch.arange(len(draft_to_target),
+                                                      device=draft_to_target.device))
         self.t2d.zero_()
         self.t2d[draft_to_target] = True
 
@@ -484,7 +489,8 @@ def ttt_targets(tokens: torch.Tensor, greedy: torch.Tensor, steps: int
     return out
 
 
-def select_draft_vocab(greedy: torch.Tensor, size: int, vocab_size: int) -> tuple[torch.Tensor, float]:
+def select_draft_vocab(greedy: torch.Tensor, size: int, vocab_size: int
+                       ) -> tuple[torch.Tensor, float]:
     """The `size` most frequent target greedy tokens, sorted, and the share of tokens they cover."""
     counts = torch.bincount(greedy.flatten().cpu(), minlength=vocab_size)
     top = counts.topk(size).indices.sort().values
@@ -638,16 +644,22 @@ def summarize_acceptance(per_prompt: list[list[int]], max_new: int, steps: int) 
     }
 
 
+@dataclasses.dataclass
+class ReferenceRun:
+    output: list[int]
+    accepted: list[int]
+    chain_logits: list[tuple[int, int, torch.Tensor]]  # (row, step, logits) of compared steps
+
+
 @torch.no_grad()
 def reference_chain_decode(target: LlamaForCausalLM, draft: Eagle3Draft, prompt: list[int],
-                           max_new: int, steps: int, device: torch.device
-                           ) -> tuple[list[int], list[int]]:
+                           max_new: int, steps: int, device: torch.device) -> ReferenceRun:
     """Step-by-step greedy EAGLE-3 decoding without the parallel training-time-test trick:
     recomputes everything per verify step, with plain causal attention over the draft prefix
     and explicit chain keys. An independent check of draft_ttt_logits and walk_verifies."""
     embed, d2t = target.model.embed_tokens, draft.draft_to_target()
     seq = prompt + [target_features(target, torch.tensor([prompt], device=device))[1][0, -1].item()]
-    accepted = []
+    run = ReferenceRun(output=[], accepted=[], chain_logits=[])
     while len(seq) - len(prompt) < max_new:
         n = len(seq)
         aux, _ = target_features(target, torch.tensor([seq[:-1]], device=device))
@@ -657,25 +669,49 @@ def reference_chain_decode(target: LlamaForCausalLM, draft: Eagle3Draft, prompt:
         out = F.scaled_dot_product_attention(q, repeat_kv(k, heads), repeat_kv(v, heads),
                                              is_causal=True)
         logits, hidden = draft.finish(out, residual)
-        chain = [d2t[logits[0, -1].argmax()].item()]
+        step_logits = [logits[0, -1]]
         hidden, keys, values = hidden[:, -1:], [k], [v]
         for m in range(1, steps):
-            token = torch.tensor([[chain[-1]]], device=device)
+            token = torch.tensor([[d2t[step_logits[-1].argmax()].item()]], device=device)
             q, k, v, residual = draft.project(embed(token), hidden, torch.tensor([n - 2 + m]))
             keys.append(k)
             values.append(v)
             out = F.scaled_dot_product_attention(q, repeat_kv(torch.cat(keys, 2), heads),
                                                  repeat_kv(torch.cat(values, 2), heads))
             logits, hidden = draft.finish(out, residual)
-            chain.append(d2t[logits[0, -1].argmax()].item())
+            step_logits.append(logits[0, -1])
+        chain = [d2t[lg.argmax()].item() for lg in step_logits]
         _, greedy = target_features(target, torch.tensor([seq + chain], device=device))
         verified = greedy[0, n - 1 :].tolist()
-        a = 0
-        while a < steps and chain[a] == verified[a]:
+        a = 0  # drafts past the output budget count as rejected, as in walk_verifies
+        while a < steps and n + a < len(prompt) + max_new and chain[a] == verified[a]:
             a += 1
-        accepted.append(a)
+        run.accepted.append(a)
+        # Steps 0..a ran on accepted inputs only: the parallel form must reproduce them.
+        run.chain_logits += [(n - 2, m, step_logits[m]) for m in range(min(a + 1, steps))]
         seq += chain[:a] + [verified[a]]
-    return seq[len(prompt) : len(prompt) + max_new], accepted
+    run.output = seq[len(prompt) : len(prompt) + max_new]
+    return run
+
+
+@torch.no_grad()
+def check_against_reference(target: LlamaForCausalLM, draft: Eagle3Draft, prompt: list[int],
+                            output: list[int], accepted: list[int], steps: int,
+                            device: torch.device) -> dict:
+    """Compare the parallel evaluation of one prompt with reference_chain_decode."""
+    ref = reference_chain_decode(target, draft, prompt, len(output), steps, device)
+    seq = torch.tensor([prompt + output], device=device)
+    aux, _ = target_features(target, seq)
+    ttt = draft_ttt_logits(draft, target.model.embed_tokens, aux, seq, steps)
+    diffs = [(ttt[m][0, row] - lg).abs().max().item() for row, m, lg in ref.chain_logits
+             if row + 1 + m < seq.shape[1]]
+    return {"same_tokens": ref.output == output, "same_accepts": ref.accepted == accepted,
+            "compared_logit_rows": len(diffs), "max_logit_diff": max(diffs, default=0.0)}
+
+
+def reference_ok(results: list[dict]) -> bool:
+    return all(r["same_tokens"] and r["same_accepts"] and r["max_logit_diff"] < 1e-3
+               for r in results)
 
 
 # ----------------------------------------------------------------------------- saving
@@ -686,14 +722,16 @@ def save_target(target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, ou
     bf16.generation_config.pad_token_id = PAD
     bf16.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    add_torch_dtype(out / "config.json")
+    # transformers 5 writes `dtype` and its own tokenizer class name; older readers look for
+    # `torch_dtype` and PreTrainedTokenizerFast (which transformers 5 maps to the same class).
+    update_json(out / "config.json", torch_dtype="bfloat16")
+    update_json(out / "tokenizer_config.json", tokenizer_class="PreTrainedTokenizerFast")
 
 
-def add_torch_dtype(config_path: Path) -> None:
-    """transformers 5 writes `dtype`; older readers look for `torch_dtype`."""
-    config = json.loads(config_path.read_text())
-    config["torch_dtype"] = "bfloat16"
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+def update_json(path: Path, **updates: object) -> None:
+    data = json.loads(path.read_text())
+    data.update(updates)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def draft_config(scale: Scale) -> dict:
@@ -704,7 +742,7 @@ def draft_config(scale: Scale) -> dict:
         head_dim=scale.head_dim, max_position_embeddings=MAX_POSITIONS, rms_norm_eps=RMS_EPS,
         rope_theta=ROPE_THETA, tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS,
         pad_token_id=PAD, architectures=["LlamaForCausalLMEagle3"],
-    ).to_dict()
+    ).to_diff_dict()
     config.update(
         draft_vocab_size=scale.draft_vocab_size, target_hidden_size=scale.hidden,
         torch_dtype="bfloat16", dtype="bfloat16",
@@ -719,7 +757,8 @@ def save_draft(draft: Eagle3Draft, scale: Scale, target_dir: Path, out: Path) ->
     tensors = {name: (t if name in ("d2t", "t2d") else t.to(torch.bfloat16)).contiguous().cpu()
                for name, t in draft.state_dict().items()}
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(draft_config(scale), indent=2, sort_keys=True) + "\n")
+    config = json.dumps(draft_config(scale), indent=2, sort_keys=True)
+    (out / "config.json").write_text(config + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(target_dir / name, out / name)
 
@@ -760,7 +799,8 @@ def check_saved(out: Path, target: LlamaForCausalLM, draft: Eagle3Draft, scale: 
     assert saved.keys() == expected.keys()
     for name, tensor in saved.items():
         assert torch.equal(tensor.to(expected[name].dtype), expected[name]), name
-    sizes = {name: (out / name / "model.safetensors").stat().st_size for name in ("target", "draft")}
+    sizes = {name: (out / name / "model.safetensors").stat().st_size
+             for name in ("target", "draft")}
     assert sum(sizes.values()) <= MAX_WEIGHT_BYTES, sizes
     config = json.loads((out / "draft" / "config.json").read_text())
     assert config["draft_vocab_size"] == scale.draft_vocab_size
@@ -814,11 +854,11 @@ def run(scale: Scale, out: Path, seed: int, device: torch.device) -> dict:
                            random.Random(seed + 2))
     acceptance, outputs, per_prompt = offline_acceptance(
         target, draft, prompts, scale.eval_max_new, scale.ttt_steps, device)
-    reference = []
-    for i in range(scale.reference_prompts):
-        ref_out, ref_acc = reference_chain_decode(target, draft, prompts[i].input_ids,
-                                                  scale.eval_max_new, scale.ttt_steps, device)
-        reference.append({"same_tokens": ref_out == outputs[i], "same_accepts": ref_acc == per_prompt[i]})
+    reference = [check_against_reference(target, draft, prompts[i].input_ids, outputs[i],
+                                         per_prompt[i], scale.ttt_steps, device)
+                 for i in range(scale.reference_prompts)]
+    if not reference_ok(reference):
+        logger.error("parallel evaluation disagrees with the step-by-step reference")
     timings["eval_s"] = round(time.monotonic() - t1, 1)
     logger.info("offline acceptance: %s; reference check: %s", acceptance, reference)
 
@@ -830,8 +870,8 @@ def run(scale: Scale, out: Path, seed: int, device: torch.device) -> dict:
     timings["total_s"] = round(time.monotonic() - t0, 1)
     return {
         "seed": seed, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
-                     "tokenizers": __import__("tokenizers").__version__},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "tokenizers": tokenizers.__version__},
         "scale": dataclasses.asdict(scale),
         "aux_layer_ids": list(AUX_LAYER_IDS),
         "corpus": {"train_files": len(corpus.train), "heldout_files": len(corpus.heldout),
@@ -840,6 +880,7 @@ def run(scale: Scale, out: Path, seed: int, device: torch.device) -> dict:
         "params": {"target": count_params(target), "draft": count_params(draft)},
         "target": target_stats, "draft": draft_stats,
         "offline_acceptance": acceptance, "reference_check": reference,
+        "reference_check_ok": reference_ok(reference),
         "saved_checks": checks, "timings": timings,
     }
 
@@ -868,6 +909,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     scale = with_overrides(SMOKE if args.smoke else FULL, args.set)
     device = torch.device(args.device)
+    if device.type == "cpu":
+        # Tiny ops: several threads gain little and stall badly when the CPU is shared.
+        torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     card = run(scale, args.out, args.seed, device)
     (args.out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
@@ -875,6 +919,8 @@ def main() -> None:
                                                                  "offline_acceptance", "timings")}))
     if args.tar:
         pack(args.out, args.tar)
+    if args.smoke and not card["reference_check_ok"]:
+        raise SystemExit("reference check failed")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
 
 import sweep  # noqa: E402
-from sweeplib import bench, configs, mode_counters, report, results, server, ttft_probe  # noqa: E402
+from sweeplib import bench, bench_driver, configs, mode_counters, report, results, server, ttft_probe  # noqa: E402
 
 SPECULATIVE_PREFIX = "--speculative-"
 
@@ -177,22 +178,27 @@ def test_adaptive_config_file_is_valid_and_stops_at_3_steps(tmp_path):
     assert max(all_steps) == 3 and 0 in all_steps
 
 
-def test_bench_command_carries_run_parameters():
+def test_bench_driver_command_carries_run_parameters():
     settings = bench.BenchSettings(tokenizer="tok", input_len=512, output_len=256, seed=7,
                                    visible_special_tokens=True, extra_args=("--tokenize-prompt",),
                                    python="python3")
-    flags = flag_values(bench.bench_command(settings, "127.0.0.1", 30001, 16, 48, "/tmp/x.jsonl"))
-    assert flags["--max-concurrency"] == ("16",)
-    assert flags["--num-prompts"] == ("48",)
+    runs = [(1, 8), (16, 48)]
+    command = bench.bench_driver_command(settings, "127.0.0.1", 30001, runs, "/tmp/x.jsonl")
+    separator = command.index("--")
+    assert command[1] == str(bench.DRIVER_PATH) and bench.DRIVER_PATH.exists()
+    assert bench_driver.parse_runs(command[2:separator]) == runs
+    flags = flag_values(command[separator + 1:])
+    assert "--max-concurrency" not in flags and "--num-prompts" not in flags
     assert flags["--port"] == ("30001",)
     assert flags["--random-output-len"] == ("256",)
     assert flags["--random-range-ratio"] == ("1.0",)
+    assert flags["--output-file"] == ("/tmp/x.jsonl",)
     assert "--output-details" in flags and "--flush-cache" in flags and "--tokenize-prompt" in flags
     body = json.loads(flags["--extra-request-body"][0])
     assert body["sampling_params"]["max_new_tokens"] == 256
     assert body["sampling_params"]["skip_special_tokens"] is False
     plain_settings = bench.BenchSettings("tok", 512, 256, 7, False, (), "python3")
-    assert "--extra-request-body" not in bench.bench_command(plain_settings, "h", 1, 1, 8, "f")
+    assert "--extra-request-body" not in bench.bench_serving_flags(plain_settings, "h", 1, "f")
 
 
 @given(concurrency=st.integers(1, 512), waves=st.integers(1, 5), min_prompts=st.integers(1, 64))
@@ -240,10 +246,61 @@ def test_requests_that_never_show_text_are_counted_apart():
     assert diag["requests_with_text_only_in_last_chunk"] == 1
 
 
-def test_last_json_line_takes_the_latest_result():
-    lines = "\n".join(json.dumps({"output_throughput": v}) for v in (1.0, 2.0)) + "\n\n"
-    assert bench.last_json_line(lines)["output_throughput"] == 2.0
-    assert bench.last_json_line("") is None
+def test_read_new_lines_returns_only_complete_new_lines(tmp_path):
+    path = tmp_path / "bench.jsonl"
+    assert bench.read_new_lines(path, 0) == ([], 0)
+    path.write_text(json.dumps({"c": 1}) + "\n" + '{"c": ')
+    lines, offset = bench.read_new_lines(path, 0)
+    assert [json.loads(line) for line in lines] == [{"c": 1}]
+    with path.open("a") as file:
+        file.write('4}\n')
+    lines, offset = bench.read_new_lines(path, offset)
+    assert [json.loads(line) for line in lines] == [{"c": 4}]
+    assert bench.read_new_lines(path, offset) == ([], offset)
+
+
+def fake_driver(tmp_path: Path, lines: list[dict], sleep_s: float) -> tuple[list[str], Path]:
+    """A stand-in for bench_driver.py that appends result lines like bench_serving does."""
+    output = tmp_path / "bench.jsonl"
+    script = (
+        "import json, sys, time\n"
+        f"for line in {lines!r}:\n"
+        f"    time.sleep({sleep_s})\n"
+        f"    open({str(output)!r}, 'a').write(json.dumps(line) + '\\n')\n"
+    )
+    return [sys.executable, "-c", script], output
+
+
+def test_run_bench_driver_reports_each_result_line(tmp_path):
+    lines = [{"max_concurrency": c} for c in (1, 4, 16)]
+    command, output = fake_driver(tmp_path, lines, sleep_s=0.1)
+    seen = []
+    exit_code = bench.run_bench_driver(command, output, tmp_path / "driver.log", 60.0, seen.append,
+                                       server_alive=lambda: True)
+    assert exit_code == 0 and seen == lines
+
+
+def test_run_bench_driver_stops_when_the_server_dies_or_time_runs_out(tmp_path):
+    command, output = fake_driver(tmp_path, [{"max_concurrency": 1}], sleep_s=30)
+    log = tmp_path / "driver.log"
+    started = time.monotonic()
+    assert bench.run_bench_driver(command, output, log, 60.0, print,
+                                  server_alive=lambda: False) == bench.SERVER_DIED_EXIT_CODE
+    assert bench.run_bench_driver(command, output, log, 0.5, print,
+                                  server_alive=lambda: True) == bench.TIMEOUT_EXIT_CODE
+    assert time.monotonic() - started < 20
+
+
+def test_run_record_takes_counters_after_from_the_result_line():
+    line = bench_result_line(5000.0, [0.03] * 4, [[0.01]] * 4)
+    line["max_concurrency"] = 64
+    line["server_info"] = {"internal_states": [{"dynamic_eagle": counters(110, 300, 1, 0, 0)}]}
+    record = sweep.record_from_result_line("dynamic", 4, line, counters(100, 20), wall_s=3.0)
+    assert record["concurrency"] == 64 and record["status"] == results.RUN_OK
+    assert record["mode_counters"]["delta"]["speculative_steps"] == 10
+    assert record["mode_counters"]["delta"]["plain_steps"] == 280
+    short = sweep.record_from_result_line("dynamic", 5, line, None, wall_s=3.0)
+    assert short["status"] == "incomplete" and short["mode_counters"]["delta"] is None
 
 
 # ----- TTFT probe stream parsing -----
@@ -309,6 +366,9 @@ def test_mode_counters_found_at_top_level_or_in_internal_states():
     nested = {"internal_states": [{"other": 1}, {"dynamic_eagle": counters(3, 4)}]}
     assert mode_counters.find_mode_counters(top)["speculative_steps"] == 10
     assert mode_counters.find_mode_counters(nested)["plain_steps"] == 4
+    found = mode_counters.find_mode_counters(nested)
+    found["plain_steps"] = 99
+    assert nested["internal_states"][1]["dynamic_eagle"]["plain_steps"] == 4
     assert mode_counters.find_mode_counters({"internal_states": [{}]}) is None
     assert mode_counters.find_mode_counters(None) is None
     assert mode_counters.find_mode_counters({"dynamic_eagle": {"speculative_steps": 1}}) is None
@@ -336,6 +396,19 @@ def test_counter_delta_after_a_reset_uses_the_new_values():
     delta = mode_counters.counter_delta(counters(100, 50, 2, 1), counters(7, 3, 1, 0))
     assert delta["speculative_steps"] == 7 and delta["plain_steps"] == 3
     assert delta["counters_reset_during_run"] is True
+
+
+def test_optional_counters_and_policy_from_the_plugin_report():
+    before = {**counters(10, 0), "catchup_forwards": 1, "catchup_gpu_ms": 1.5,
+              "disable_batch_threshold": 24, "enable_batch_threshold": 16, "switch_patience": 4}
+    after = {**counters(12, 40, 1, 0, 0), "catchup_forwards": 3, "catchup_gpu_ms": 4.0,
+             "disable_batch_threshold": 24, "enable_batch_threshold": 16, "switch_patience": 4}
+    delta = mode_counters.counter_delta(before, after)
+    assert delta["catchup_forwards"] == 2 and delta["catchup_gpu_ms"] == pytest.approx(2.5)
+    assert "plain_graph_steps" not in delta
+    assert mode_counters.policy_settings(after) == {
+        "disable_batch_threshold": 24, "enable_batch_threshold": 16, "switch_patience": 4}
+    assert mode_counters.policy_settings(None) == {}
 
 
 def test_counter_delta_needs_both_snapshots():

@@ -253,6 +253,7 @@ def _server_args(**overrides):
         speculative_eagle_topk=None,
         enable_attn_tp_input_scattered=False,
         speculative_use_rejection_sampling=False,
+        use_ray=False,
     )
     fields.update(overrides)
     return SimpleNamespace(**fields)
@@ -278,6 +279,7 @@ def test_validate_accepts_supported_configuration():
         ({"speculative_eagle_topk": 2}, "--speculative-eagle-topk"),
         ({"enable_attn_tp_input_scattered": True}, "--enable-attn-tp-input-scattered"),
         ({"speculative_use_rejection_sampling": True}, "--speculative-use-rejection-sampling"),
+        ({"use_ray": True}, "--use-ray"),
     ],
 )
 def test_validate_rejects_unsupported(overrides, needle):

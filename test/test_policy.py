@@ -367,15 +367,15 @@ def scenarios(draw: st.DrawFn) -> tuple[SwitchPolicyConfig, DecodeMode, list[int
     """A config plus a sequence of runs of equal batch sizes, biased to threshold edges and to
     run lengths around the patience, where off-by-one and reset bugs show."""
     cap = draw(st.integers(1, 64))
-    n = draw(st.one_of(st.just(0), st.integers(1, cap + 8)))
+    n = draw(st.integers(0, cap + 4))
     m = draw(st.integers(0, n)) if n > 0 else draw(st.integers(0, 80))
     k = draw(st.integers(1, 6))
     config = SwitchPolicyConfig(n, m, k, cap)
     initial = draw(st.sampled_from(DecodeMode))
-    edges = [v for v in (0, 1, m - 1, m, m + 1, n, n + 1, cap, cap + 1, 200) if v >= 0]
-    # Edges are listed twice next to every plain value, so they come up often.
-    value = st.sampled_from(edges * 2 + list(range(max(n, cap) + 9)))
-    length = st.sampled_from([max(1, k - 1), k, k + 1] * 2 + list(range(1, 2 * k + 2)))
+    # Both sides of every threshold, plus one value inside each range they delimit.
+    values = (0, 1, m // 2, m - 1, m, m + 1, (m + n) // 2, n, n + 1, (n + cap) // 2, cap, cap + 1, 200)
+    value = st.sampled_from(sorted({v for v in values if v >= 0}))
+    length = st.sampled_from([k] * 4 + [max(1, k - 1), k + 1] + list(range(1, 2 * k + 2)))
     runs = draw(st.lists(st.tuples(value, length), min_size=1, max_size=30))
     return config, initial, [v for v, run in runs for _ in range(run)]
 

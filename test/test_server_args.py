@@ -122,6 +122,18 @@ def test_no_flags_give_defaults_even_over_stale_env(prepare, draft, monkeypatch)
     assert flags.current_flags() == flags.DEFAULT_FLAGS
 
 
+def test_flags_from_config_file(prepare, draft, tmp_path):
+    """sglang's --config YAML goes through the same parser, so our flags work there too."""
+    config = tmp_path / "server.yaml"
+    config.write_text(
+        "speculative-algorithm: EAGLE3_DYNAMIC\n"
+        "speculative-disable-batch-threshold: 20\n"
+        "speculative-switch-patience: 6\n"
+    )
+    prepare("--config", str(config), *draft, *CHAIN)
+    assert flags.current_flags() == DynamicEagleFlags(20, 13, 6)
+
+
 def test_zero_disables_switching_and_ignores_enable(prepare, draft):
     prepare(
         "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *CHAIN,
@@ -194,6 +206,7 @@ BAD = [
         "--speculative-use-rejection-sampling",
         id="rejection-sampling",
     ),
+    pytest.param(["--use-ray"], "--use-ray", id="ray"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Run `python -m sglang.bench_serving` at one concurrency and read its JSONL result line."""
+"""Drive sglang.bench_serving (through bench_driver.py) and read its JSONL result lines."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ import json
 import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+DRIVER_PATH = Path(__file__).resolve().with_name("bench_driver.py")
+TIMEOUT_EXIT_CODE = 124
+SERVER_DIED_EXIT_CODE = -1
+POLL_S = 0.5
 
 # Keys of the result line that bench_serving (sglang/benchmark/serving.py) appends to
 # --output-file. TTFT, TPOT, ITL and E2E are in milliseconds; accept_length is the server's
@@ -71,16 +79,9 @@ def visible_special_tokens_body(output_len: int) -> dict:
     }
 
 
-def bench_command(
-    settings: BenchSettings,
-    host: str,
-    port: int,
-    concurrency: int,
-    num_prompts: int,
-    output_file: str,
-) -> list[str]:
-    command = [
-        settings.python, "-m", "sglang.bench_serving",
+def bench_serving_flags(settings: BenchSettings, host: str, port: int, output_file: str) -> list[str]:
+    """sglang.bench_serving flags of every run of one server (concurrency and prompts excluded)."""
+    flags = [
         "--backend", "sglang",
         "--host", host,
         "--port", str(port),
@@ -89,8 +90,6 @@ def bench_command(
         "--random-input-len", str(settings.input_len),
         "--random-output-len", str(settings.output_len),
         "--random-range-ratio", "1.0",
-        "--num-prompts", str(num_prompts),
-        "--max-concurrency", str(concurrency),
         "--seed", str(settings.seed),
         "--output-file", output_file,
         "--output-details",
@@ -98,30 +97,72 @@ def bench_command(
         "--disable-tqdm",
     ]
     if settings.visible_special_tokens:
-        command += [
+        flags += [
             "--extra-request-body",
             json.dumps(visible_special_tokens_body(settings.output_len)),
         ]
-    return command + list(settings.extra_args)
+    return flags + list(settings.extra_args)
 
 
-def run_bench_command(command: list[str], timeout_s: float) -> tuple[int, str]:
-    """Run bench_serving; return its exit code (124 on timeout) and its combined output."""
-    try:
-        completed = subprocess.run(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout_s
-        )
-    except subprocess.TimeoutExpired as timeout:
-        output = timeout.output or ""
-        if isinstance(output, bytes):
-            output = output.decode(errors="replace")
-        return 124, output
-    return completed.returncode, completed.stdout
+def bench_driver_command(
+    settings: BenchSettings, host: str, port: int, runs: list[tuple[int, int]], output_file: str
+) -> list[str]:
+    """Command that runs bench_serving once per (concurrency, prompts) pair, in that order."""
+    return [
+        settings.python, str(DRIVER_PATH),
+        *(f"{concurrency}:{prompts}" for concurrency, prompts in runs),
+        "--",
+        *bench_serving_flags(settings, host, port, output_file),
+    ]
 
 
-def last_json_line(text: str) -> dict | None:
-    lines = [line for line in text.splitlines() if line.strip()]
-    return json.loads(lines[-1]) if lines else None
+def read_new_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """Complete lines appended to `path` after byte `offset`, and the offset after them."""
+    if not path.exists():
+        return [], offset
+    with path.open("rb") as file:
+        file.seek(offset)
+        data = file.read()
+    complete = data[: data.rfind(b"\n") + 1]
+    lines = [line.decode() for line in complete.splitlines() if line.strip()]
+    return lines, offset + len(complete)
+
+
+def _kill(process: subprocess.Popen, reported_exit_code: int) -> int:
+    process.kill()
+    process.wait()
+    return reported_exit_code
+
+
+def run_bench_driver(
+    command: list[str],
+    output_file: Path,
+    driver_log: Path,
+    timeout_s: float,
+    on_result: Callable[[dict], None],
+    server_alive: Callable[[], bool],
+) -> int:
+    """Run the driver, calling `on_result` with each result line as soon as it is written.
+    Returns the driver's exit code, TIMEOUT_EXIT_CODE if it was killed at the timeout, or
+    SERVER_DIED_EXIT_CODE if it was killed because the server died (bench_serving would
+    otherwise wait a minute for the dead server at every remaining concurrency)."""
+    deadline = time.monotonic() + timeout_s
+    offset = 0
+    with driver_log.open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    exit_code = None
+    while exit_code is None:
+        exit_code = process.poll()
+        if exit_code is None and time.monotonic() > deadline:
+            exit_code = _kill(process, TIMEOUT_EXIT_CODE)
+        elif exit_code is None and not server_alive():
+            exit_code = _kill(process, SERVER_DIED_EXIT_CODE)
+        lines, offset = read_new_lines(output_file, offset)
+        for line in lines:
+            on_result(json.loads(line))
+        if exit_code is None:
+            time.sleep(POLL_S)
+    return exit_code
 
 
 def ttft_diagnostics(result_line: dict) -> dict:

@@ -16,7 +16,6 @@ EAGLE3 = "eagle3"
 ADAPTIVE = "adaptive"
 DYNAMIC = "dynamic"
 CONFIG_NAMES: tuple[str, ...] = (PLAIN, EAGLE3, ADAPTIVE, DYNAMIC)
-SPECULATIVE_CONFIGS = frozenset({EAGLE3, ADAPTIVE, DYNAMIC})
 
 # The GPU machine's recipe (shared/gpu/README.md): FA3 is not in the runtime kit, flashinfer
 # attention would JIT-compile on every fresh machine, and prefill CUDA-graph capture costs ~60 s

@@ -1,7 +1,9 @@
 """EAGLE3_DYNAMIC mode counters from GET /server_info and their change over one benchmark run.
 
-The plugin publishes a dict under the key "dynamic_eagle", at the top level of the server info
-or inside one of its internal_states entries; servers without the plugin have neither.
+The plugin publishes a dict under the key "dynamic_eagle" in internal_states[0] of the server
+info (python/sglang_dynamic_eagle/worker.py, report()); the top level is accepted too. Servers
+without the plugin have neither. Besides the counters, the dict carries static facts of the
+server (thresholds, graph sizes), which are kept as they are.
 """
 
 from __future__ import annotations
@@ -14,11 +16,19 @@ COUNTER_FIELDS: tuple[str, ...] = (
     "switches_to_speculative",
     "catchup_tokens",
 )
+# Counters that newer plugin versions add; their deltas are reported when both snapshots have them.
+OPTIONAL_COUNTER_FIELDS: tuple[str, ...] = (
+    "plain_graph_steps",
+    "catchup_forwards",
+    "catchup_truncated_tokens",
+    "catchup_gpu_ms",
+)
 MEAN_ACCEPT_FIELD = "mean_accept_length"
+POLICY_FIELDS: tuple[str, ...] = ("disable_batch_threshold", "enable_batch_threshold", "switch_patience")
 
 
 def find_mode_counters(server_info: dict | None) -> dict | None:
-    """The plugin's counters (integer fields plus mean_accept_length), or None when absent."""
+    """A copy of the plugin's dict (all five required counters present), or None when absent."""
     if not server_info:
         return None
     candidates = [server_info.get(COUNTERS_KEY)]
@@ -29,29 +39,29 @@ def find_mode_counters(server_info: dict | None) -> dict | None:
     ]
     for counters in candidates:
         if isinstance(counters, dict) and all(field in counters for field in COUNTER_FIELDS):
-            found = {field: int(counters[field]) for field in COUNTER_FIELDS}
-            mean_accept = counters.get(MEAN_ACCEPT_FIELD)
-            found[MEAN_ACCEPT_FIELD] = float(mean_accept) if mean_accept is not None else None
-            return found
+            return dict(counters)
     return None
 
 
 def counter_delta(before: dict | None, after: dict | None) -> dict | None:
     """What the counters did between two snapshots; None unless both snapshots have them.
 
-    If any counter went down, the counters were reset in between (for example by a cache
-    flush), so the `after` values alone are the run's counts. mean_accept_length is the
-    plugin's running value at `after`, not a per-run figure.
+    If any required counter went down, the counters were reset in between, so the `after`
+    values alone are the run's counts. mean_accept_length is the plugin's running value at
+    `after` (over the server's lifetime), not a per-run figure.
     """
     if before is None or after is None:
         return None
     was_reset = any(after[field] < before[field] for field in COUNTER_FIELDS)
-    delta = {
-        field: after[field] if was_reset else after[field] - before[field]
-        for field in COUNTER_FIELDS
-    }
+    fields = COUNTER_FIELDS + tuple(f for f in OPTIONAL_COUNTER_FIELDS if f in before and f in after)
+    delta = {field: after[field] if was_reset else after[field] - before[field] for field in fields}
     steps = delta["speculative_steps"] + delta["plain_steps"]
     delta["speculative_step_fraction"] = delta["speculative_steps"] / steps if steps else None
     delta["counters_reset_during_run"] = was_reset
     delta[MEAN_ACCEPT_FIELD] = after.get(MEAN_ACCEPT_FIELD)
     return delta
+
+
+def policy_settings(counters: dict | None) -> dict:
+    """The switching thresholds the server reported, where it reported them."""
+    return {field: counters[field] for field in POLICY_FIELDS if counters and field in counters}

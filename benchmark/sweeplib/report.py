@@ -23,6 +23,12 @@ def ordered_configs(names: set[str]) -> list[str]:
     return [n for n in CONFIG_NAMES if n in names] + sorted(names - set(CONFIG_NAMES))
 
 
+def runs_in_report_order(document: dict) -> list[dict]:
+    """Successful runs by canonical configuration order, then concurrency."""
+    rank = {name: index for index, name in enumerate(ordered_configs({r["config"] for r in document["runs"]}))}
+    return sorted(successful_runs(document), key=lambda r: (rank[r["config"]], r["concurrency"]))
+
+
 def metric_grid(document: dict, metric: str) -> dict[int, dict[str, float]]:
     """{concurrency: {config: value}} over successful runs that have the metric."""
     grid: dict[int, dict[str, float]] = {}
@@ -99,7 +105,7 @@ def accept_length_table(document: dict) -> list[str]:
 
 def mode_counter_table(document: dict) -> list[str]:
     rows = []
-    for run in sorted(successful_runs(document), key=lambda r: (r["config"], r["concurrency"])):
+    for run in runs_in_report_order(document):
         delta = (run.get("mode_counters") or {}).get("delta")
         if not delta:
             continue
@@ -109,14 +115,15 @@ def mode_counter_table(document: dict) -> list[str]:
             "-" if fraction is None else f"{100 * fraction:.1f}%",
             str(delta["speculative_steps"]), str(delta["plain_steps"]),
             str(delta["switches_to_plain"]), str(delta["switches_to_speculative"]),
-            str(delta["catchup_tokens"]), _format_number(delta["mean_accept_length"], 2),
+            str(delta["catchup_tokens"]), _format_number(delta.get("catchup_gpu_ms")),
+            _format_number(delta["mean_accept_length"], 2),
             "yes" if delta["counters_reset_during_run"] else "no",
         ])
     if not rows:
         return ["No run reported EAGLE3_DYNAMIC mode counters (`dynamic_eagle` in /server_info)."]
     header = [
-        "config", "concurrency", "speculative steps", "spec steps", "plain steps",
-        "switches to plain", "switches to spec", "catch-up tokens",
+        "config", "concurrency", "share of speculative steps", "spec steps", "plain steps",
+        "switches to plain", "switches to spec", "catch-up tokens", "catch-up GPU ms",
         "mean accept length (running)", "counters reset",
     ]
     return _markdown_table(header, rows)
@@ -124,7 +131,7 @@ def mode_counter_table(document: dict) -> list[str]:
 
 def ttft_diagnostics_table(document: dict) -> list[str]:
     rows = []
-    for run in sorted(successful_runs(document), key=lambda r: (r["config"], r["concurrency"])):
+    for run in runs_in_report_order(document):
         diag = run.get("ttft_diagnostics") or {}
         rows.append([
             run["config"], str(run["concurrency"]),
@@ -167,6 +174,10 @@ def probe_table(document: dict) -> list[str]:
     return _markdown_table(header, rows)
 
 
+def _policy_text(policy: dict) -> str:
+    return ", ".join(f"{key} {value}" for key, value in policy.items()) or "-"
+
+
 def server_table(document: dict) -> list[str]:
     rows = [
         [
@@ -174,11 +185,14 @@ def server_table(document: dict) -> list[str]:
             config["status"],
             _format_number(config.get("startup_s"), 0),
             str(config.get("max_running_requests", "-")),
+            _policy_text(config.get("dynamic_policy") or {}),
             str(config.get("server_version", "-")),
         ]
         for name, config in ((n, document["configs"][n]) for n in ordered_configs(set(document["configs"])))
     ]
-    return _markdown_table(["config", "status", "startup (s)", "effective max running requests", "sglang"], rows)
+    header = ["config", "status", "startup (s)", "effective max running requests",
+              "EAGLE3_DYNAMIC policy (from /server_info)", "sglang"]
+    return _markdown_table(header, rows)
 
 
 def problem_lines(document: dict) -> list[str]:

@@ -22,7 +22,7 @@ STOP_GRACE_S = 30.0
 MAX_LOG_LINE_CHARS = 500  # sglang logs all server args on one line of several KB
 
 
-class ServerStartError(RuntimeError):
+class ServerError(RuntimeError):
     """The server died or did not become healthy in time; the message carries its log tail."""
 
 
@@ -85,21 +85,21 @@ def wait_until_healthy(server: RunningServer, timeout_s: float, tail_lines: int)
     """Poll /health until it answers 200; return the seconds waited.
 
     /health answers 503 until sglang's own warmup request has finished.
-    Raises ServerStartError with the log tail if the server exits or the timeout passes.
+    Raises ServerError with the log tail if the server exits or the timeout passes.
     """
     started = time.monotonic()
     while True:
         waited = time.monotonic() - started
         exit_code = server.process.poll()
         if exit_code is not None:
-            raise ServerStartError(
+            raise ServerError(
                 f"[{server.config}] server exited with code {exit_code} after {waited:.0f} s; "
                 f"last log lines:\n{log_tail(server.log_path, tail_lines)}"
             )
         if http_get(server.base_url + "/health", timeout_s=5.0)[0] == 200:
             return waited
         if waited > timeout_s:
-            raise ServerStartError(
+            raise ServerError(
                 f"[{server.config}] server not healthy after {timeout_s:.0f} s; "
                 f"last log lines:\n{log_tail(server.log_path, tail_lines)}"
             )

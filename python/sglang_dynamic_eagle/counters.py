@@ -84,6 +84,8 @@ class ModeCounters:
             "catchup_forwards": self.catchup_forwards,
             "catchup_tokens": self.catchup_tokens,
             "catchup_truncated_tokens": self.catchup_truncated_tokens,
+            "speculative_verified_requests": self.speculative_verified_requests,
+            "speculative_accepted_tokens": self.speculative_accepted_tokens,
             "mean_accept_length": round(self.mean_accept_length, 4),
             "max_plain_batch": self.max_plain_batch,
             "max_speculative_batch": self.max_speculative_batch,

@@ -439,6 +439,14 @@ def validate_server_args(server_args) -> None:
             "does not support",
             "remove --enable-attn-tp-input-scattered",
         )
+    if get("use_ray", False):
+        raise _unsupported(
+            "--use-ray",
+            "sglang's Ray scheduler actors (srt/ray/scheduler_actor.py) do not call "
+            "load_plugins() and do not inherit the launcher's environment, so they know "
+            "neither the algorithm nor its flags",
+            "run without --use-ray",
+        )
     if get("speculative_use_rejection_sampling", False):
         raise _unsupported(
             "--speculative-use-rejection-sampling",

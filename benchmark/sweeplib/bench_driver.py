@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Run sglang.bench_serving's command line once per (concurrency, prompts) pair, in one process.
+
+Importing sglang.bench_serving (torch, transformers, sglang.srt) takes several seconds, so the
+sweep pays it once per configuration instead of once per concurrency. Each pair is a complete
+bench_serving run (its own warmup, cache flush and result line), with one change: the
+`--flush-cache` request after the warmup asks the server to wait until it is idle
+(`/flush_cache?timeout=...`). bench_serving's own request has no timeout, and sglang refuses a
+flush (HTTP 400, which fails the run) unless the scheduler is fully idle, and under the overlap
+scheduler a finished request stays in its last batch for one more step (read from
+Scheduler.is_fully_idle in sglang 0.5.17; the race itself has not been observed).
+
+    python bench_driver.py 1:8 4:12 -- <bench_serving flags without --max-concurrency/--num-prompts>
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+FLUSH_WAIT_S = 30.0
+
+
+def parse_runs(tokens: list[str]) -> list[tuple[int, int]]:
+    runs = []
+    for token in tokens:
+        concurrency, _, prompts = token.partition(":")
+        runs.append((int(concurrency), int(prompts)))
+    return runs
+
+
+def flush_when_idle(base_url: str, backend: str) -> None:
+    """Stand-in for bench_serving's flush_server_cache (sglang backends only)."""
+    import requests
+
+    response = requests.post(f"{base_url}/flush_cache", params={"timeout": FLUSH_WAIT_S},
+                             timeout=FLUSH_WAIT_S + 10)
+    response.raise_for_status()
+
+
+def main(argv: list[str]) -> int:
+    separator = argv.index("--")
+    runs = parse_runs(argv[:separator])
+    bench_flags = argv[separator + 1:]
+    from sglang.benchmark import serving  # what `python -m sglang.bench_serving` runs
+
+    serving.flush_server_cache = flush_when_idle
+    failures = 0
+    for concurrency, prompts in runs:
+        sys.argv = ["sglang.bench_serving", *bench_flags,
+                    "--max-concurrency", str(concurrency), "--num-prompts", str(prompts)]
+        print(f"bench_driver: concurrency {concurrency}, {prompts} prompts", flush=True)
+        try:
+            serving.cli_main()
+        except Exception:  # one failed concurrency must not stop the others
+            failures += 1
+            traceback.print_exc()
+            print(f"bench_driver: concurrency {concurrency} failed", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,123 @@
+"""EAGLE3_DYNAMIC with the tiny trained pair (float32, real acceptance).
+
+* lossless: the held-out prompts, sent in waves so that the running batch
+  crosses both thresholds many times, give exactly the plain server's tokens
+  (and EAGLE3's);
+* catch-up: requests that decode plainly while short filler requests keep the
+  batch large, then speculatively once the fillers finish, reach an
+  acceptance within 10% of always-on EAGLE3 on the same prompts.
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Sequence
+
+import pytest
+
+from gpu_servers import first_difference
+
+pytestmark = pytest.mark.gpu
+
+WAVE_SIZE = 4
+CATCHUP_TARGETS = 2  # at most the enable threshold of the tiny dynamic server
+CATCHUP_FILLERS = 12
+MAX_ACCEPTANCE_LOSS = 0.10
+
+
+def send(server, prompts: Sequence[Dict], max_new_tokens: Sequence[int], concurrency: int) -> List[dict]:
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(
+            pool.map(lambda p, n: server.generate(p["input_ids"], n), prompts, max_new_tokens)
+        )
+
+
+def send_in_waves(server, prompts: Sequence[Dict], max_new_tokens: Sequence[int]) -> List[dict]:
+    outputs: List[dict] = []
+    for start in range(0, len(prompts), WAVE_SIZE):
+        end = start + WAVE_SIZE
+        outputs += send(server, prompts[start:end], max_new_tokens[start:end], WAVE_SIZE)
+    return outputs
+
+
+def mixed_lengths(count: int, seed: int) -> List[int]:
+    rng = random.Random(seed)
+    return [rng.choice([12, 24, 48, 64]) for _ in range(count)]
+
+
+def spec_acceptance(before: Dict, after: Dict) -> float:
+    """Tokens per request per speculative step between two counter snapshots."""
+    accepted = after["speculative_accepted_tokens"] - before.get("speculative_accepted_tokens", 0)
+    verified = after["speculative_verified_requests"] - before.get(
+        "speculative_verified_requests", 0
+    )
+    return accepted / verified if verified else 0.0
+
+
+def test_lossless_across_switches(tiny_servers, eval_set):
+    prompts = eval_set["prompts"]
+    lengths = mixed_lengths(len(prompts), seed=3)
+    dynamic_server = tiny_servers["tiny_dynamic"]
+    before = dynamic_server.dynamic_counters()
+    dynamic = send_in_waves(dynamic_server, prompts, lengths)
+    after = dynamic_server.dynamic_counters()
+    plain = send_in_waves(tiny_servers["tiny_plain"], prompts, lengths)
+    eagle3 = send_in_waves(tiny_servers["tiny_eagle3"], prompts, lengths)
+
+    differences = [
+        (i, first_difference(d["output_ids"], p["output_ids"]))
+        for i, (d, p) in enumerate(zip(dynamic, plain))
+        if first_difference(d["output_ids"], p["output_ids"]) is not None
+    ]
+    eagle3_differences = sum(
+        first_difference(d["output_ids"], e["output_ids"]) is not None
+        for d, e in zip(dynamic, eagle3)
+    )
+    switches = (after["switches_to_plain"] - before.get("switches_to_plain", 0)) + (
+        after["switches_to_speculative"] - before.get("switches_to_speculative", 0)
+    )
+    print(
+        f"tiny lossless: {len(prompts)} prompts, {switches} switches, "
+        f"differences vs plain {differences}, vs EAGLE3 {eagle3_differences}, "
+        f"counters {after}"
+    )
+    assert len(prompts) >= 64
+    assert switches >= 20
+    assert not differences
+    assert eagle3_differences == 0
+
+
+def test_acceptance_recovers_after_plain_stretch(tiny_servers, eval_set):
+    prompts = eval_set["prompts"]
+    targets = prompts[:CATCHUP_TARGETS]
+    fillers = prompts[CATCHUP_TARGETS : CATCHUP_TARGETS + CATCHUP_FILLERS]
+    target_tokens, filler_tokens = 64, 24
+
+    eagle3_server = tiny_servers["tiny_eagle3"]
+    eagle3_before = eagle3_server.internal_state()
+    eagle3_outputs = send(eagle3_server, targets, [target_tokens] * len(targets), len(targets))
+    eagle3_acceptance = sum(o["meta_info"]["completion_tokens"] - 1 for o in eagle3_outputs) / sum(
+        o["meta_info"]["spec_verify_ct"] for o in eagle3_outputs
+    )
+
+    dynamic_server = tiny_servers["tiny_dynamic"]
+    before = dynamic_server.dynamic_counters()
+    send(
+        dynamic_server,
+        list(targets) + list(fillers),
+        [target_tokens] * len(targets) + [filler_tokens] * len(fillers),
+        len(targets) + len(fillers),
+    )
+    after = dynamic_server.dynamic_counters()
+    resumed_acceptance = spec_acceptance(before, after)
+    catchup_tokens = after["catchup_tokens"] - before.get("catchup_tokens", 0)
+    truncated = after["catchup_truncated_tokens"] - before.get("catchup_truncated_tokens", 0)
+    print(
+        f"catch-up: EAGLE3 acceptance {eagle3_acceptance:.3f} (server state "
+        f"{eagle3_before.get('avg_spec_accept_length')}), after a plain stretch "
+        f"{resumed_acceptance:.3f}; catch-up tokens {catchup_tokens}, truncated {truncated}, "
+        f"catch-up GPU ms {after['catchup_gpu_ms']}"
+    )
+    assert catchup_tokens > 0
+    assert resumed_acceptance >= (1 - MAX_ACCEPTANCE_LOSS) * eagle3_acceptance
