@@ -32,6 +32,7 @@ RESULTS_FILE = "results.json"
 ADAPTIVE_CONFIG_FILE = "adaptive_config.json"
 SERVER_LOGS_FILE = "server_logs_tail.txt"
 ERROR_TAIL_LINES = 30
+WARMUP_OUTPUT_LEN = 16
 
 FULL_DEFAULTS = {
     "concurrencies": "1,4,16,64,128",

@@ -376,7 +376,7 @@ def scenarios(draw: st.DrawFn) -> tuple[SwitchPolicyConfig, DecodeMode, list[int
     values = (0, 1, m // 2, m - 1, m, m + 1, (m + n) // 2, n, n + 1, (n + cap) // 2, cap, cap + 1, 200)
     value = st.sampled_from(sorted({v for v in values if v >= 0}))
     length = st.sampled_from([k] * 4 + [max(1, k - 1), k + 1] + list(range(1, 2 * k + 2)))
-    runs = draw(st.lists(st.tuples(value, length), min_size=1, max_size=30))
+    runs = draw(st.lists(st.tuples(value, length), min_size=10, max_size=30))
     return config, initial, [v for v, run in runs for _ in range(run)]
 
 
