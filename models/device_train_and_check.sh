@@ -25,7 +25,7 @@ tar -C models -xf "$OUT/tiny-pair.tar"
 
 run_checks() {  # $1: dtype; server logs land in $OUT (test/gpu/gpu_servers.py)
   TINY_PAIR_DTYPE=$1 TINY_PAIR_REPORT="$OUT/summary.txt" python3 -m pytest -m gpu \
-    -p no:cacheprovider -q -s test/gpu/test_tiny_pair.py > "$OUT/pytest.log" 2>&1
+    -p no:cacheprovider -q -s test/gpu/test_tiny_pair.py test/gpu/test_dynamic_eagle_tiny.py > "$OUT/pytest.log" 2>&1
 }
 
 trim_server_logs() {  # keep the tails, without the long server_args line

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Dict, Iterator
 
 import pytest
 
-from gpu_servers import KIT_MODELS
+from gpu_servers import (
+    COMMON_SERVER_ARGS,
+    KIT_MODELS,
+    TINY_DYNAMIC_FLAGS,
+    TINY_PAIR,
+    TINY_PAIR_DTYPE,
+    Server,
+    eagle3_args,
+    running_servers,
+)
 
 
 @pytest.fixture(scope="session")
@@ -14,3 +25,32 @@ def kit_models() -> Path:
     if not (KIT_MODELS / "llama8b" / "config.json").exists():
         pytest.fail(f"GPU kit models not found at {KIT_MODELS}; run test/gpu/run_on_device.sh")
     return KIT_MODELS
+
+
+@pytest.fixture(scope="session")
+def eval_set() -> dict:
+    path = TINY_PAIR / "eval_prompts.json"
+    if not path.exists():
+        pytest.fail(f"{path} not found: train the pair with models/train_tiny_pair.py")
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def tiny_servers() -> Iterator[Dict[str, Server]]:
+    """Plain, EAGLE3 and EAGLE3_DYNAMIC servers of the tiny trained pair."""
+    common = ["--model-path", str(TINY_PAIR / "target"), "--dtype", TINY_PAIR_DTYPE,
+              *COMMON_SERVER_ARGS, "--cuda-graph-max-bs", "32"]
+    draft = eagle3_args(TINY_PAIR / "draft", dummy=False)
+    # Started one after the other: each sizes its pools from the memory left free.
+    specs = {
+        "tiny_plain": common + ["--mem-fraction-static", "0.25"],
+        "tiny_eagle3": common + ["--mem-fraction-static", "0.35",
+                                 "--speculative-algorithm", "EAGLE3", *draft],
+        "tiny_dynamic": common + ["--mem-fraction-static", "0.5",
+                                  "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
+                                  *TINY_DYNAMIC_FLAGS],
+    }
+    # Triton's tl.dot rounds float32 inputs to TF32 by default, and the attention kernels of a
+    # verify step (extend) and of a plain decode step differ: exact float32 makes both agree.
+    with running_servers(specs, env={"TRITON_F32_DEFAULT": "ieee"}) as started:
+        yield started

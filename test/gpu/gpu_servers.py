@@ -22,6 +22,14 @@ from typing import Dict, Iterator, List, Optional, Sequence
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KIT_MODELS = Path(os.environ.get("SGLANG_DE_MODELS", REPO_ROOT / ".gpu-kit" / "models"))
 TINY_PAIR = REPO_ROOT / "models" / "tiny-pair"
+TINY_PAIR_DTYPE = os.environ.get("TINY_PAIR_DTYPE", "float32")
+# EAGLE3_DYNAMIC thresholds for the tiny-pair tests: small enough that a handful of requests
+# crosses them.
+TINY_DYNAMIC_FLAGS = [
+    "--speculative-disable-batch-threshold", "2",
+    "--speculative-enable-batch-threshold", "2",
+    "--speculative-switch-patience", "2",
+]
 LOG_DIR = Path(os.environ.get("OUT", "/tmp"))
 START_TIMEOUT_S = 420
 

@@ -25,18 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_servers import (
-    COMMON_SERVER_ARGS,
-    TINY_PAIR,
-    eagle3_args,
-    first_difference,
-    running_servers,
-    top2_margin,
-)
+from gpu_servers import TINY_PAIR, first_difference, top2_margin
+from gpu_servers import TINY_PAIR_DTYPE as DTYPE
 
 pytestmark = pytest.mark.gpu
 
-DTYPE = os.environ.get("TINY_PAIR_DTYPE", "float32")
 MIN_ACCEPT_LENGTH = 2.0
 TIE_MARGIN = 1e-3
 
@@ -128,31 +121,8 @@ def summary_table(r: Results) -> str:
 
 
 @pytest.fixture(scope="module")
-def eval_set() -> dict:
-    path = TINY_PAIR / "eval_prompts.json"
-    if not path.exists():
-        pytest.fail(f"{path} not found: train the pair with models/train_tiny_pair.py")
-    return json.loads(path.read_text())
-
-
-@pytest.fixture(scope="module")
-def servers():
-    common = ["--model-path", str(TINY_PAIR / "target"), "--dtype", DTYPE, *COMMON_SERVER_ARGS,
-              "--cuda-graph-max-bs", "32"]
-    # Started one after the other: sglang sizes its pools from the memory free at start.
-    specs = {
-        "tiny_plain": common + ["--mem-fraction-static", "0.3"],
-        "tiny_eagle3": common + ["--mem-fraction-static", "0.6", "--speculative-algorithm",
-                                 "EAGLE3", *eagle3_args(TINY_PAIR / "draft", dummy=False)],
-    }
-    # Triton's tl.dot rounds float32 inputs to TF32 by default, and the attention kernels of a
-    # verify step (extend) and of a plain decode step differ: exact float32 makes both agree.
-    with running_servers(specs, env={"TRITON_F32_DEFAULT": "ieee"}) as started:
-        yield started
-
-
-@pytest.fixture(scope="module")
-def results(servers, eval_set) -> Results:
+def results(tiny_servers, eval_set) -> Results:
+    servers = tiny_servers
     prompts, max_new = eval_set["prompts"], eval_set["max_new_tokens"]
     seconds: dict[str, float] = {}
     plain = timed("plain", seconds, send, servers["tiny_plain"], prompts, max_new, 1,
