@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Optional
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_dynamic_eagle.flags import current_flags
+from sglang_dynamic_eagle.flags import ALGORITHM_NAME, current_flags
 
 if TYPE_CHECKING:
     import torch
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative.spec_info import SpecInput
 
-ALGORITHM_NAME = "EAGLE3_DYNAMIC"
+
 
 logger = logging.getLogger(__name__)
 

@@ -47,6 +47,29 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         drop_when="sglang exposes per-runner graph batch sizes and a capacity hook",
     ),
     UpstreamReliance(
+        target="sglang.srt.server_args.ServerArgs.add_cli_args / from_cli_args",
+        how="HookRegistry AFTER hook on add_cli_args adds the three flags; AROUND hook on "
+        "from_cli_args exports their values as JSON in SGLANG_DYNAMIC_EAGLE_FLAGS "
+        "(flags.install_cli_hooks)",
+        why="from_cli_args copies dataclass fields only, so plugin flags cannot be "
+        "ServerArgs fields; scheduler processes are started with multiprocessing spawn, "
+        "inherit the launcher's environment and call load_plugins() themselves",
+        drop_when="sglang lets plugins declare server arguments",
+    ),
+    UpstreamReliance(
+        target="sglang.srt.arg_groups.overrides.resolved_view",
+        how="read in flags.validate_server_args to see resolved values (DP attention)",
+        why="validation runs inside ServerArgs.__post_init__, before every value is final",
+        drop_when="validate_server_args receives resolved arguments",
+    ),
+    UpstreamReliance(
+        target="sglang.srt.model_executor.forward_batch_info.clamp_position",
+        how="called once at start-up (plain_decode_graphs._compile_decode_positions_kernel)",
+        why="sglang JIT-compiles it on the first DECODE ForwardBatch; a speculative server "
+        "never builds one, so the first switch to plain mode stalled 7 s (H200, 2026-11-29)",
+        drop_when="sglang compiles its JIT kernels at start-up",
+    ),
+    UpstreamReliance(
         target="sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2",
         how="subclassed (worker.DynamicEagleWorker); overrides forward_batch_generation, "
         "init_cuda_graphs, war_fastpath_runner, spec_v2_attn_backends, "
