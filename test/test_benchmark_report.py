@@ -498,6 +498,22 @@ def test_merging_two_partial_result_files(tmp_path):
     assert eagle3["metrics"]["output_throughput"] == 380.0
 
 
+def test_merging_keeps_a_success_over_a_later_failure():
+    first = document_with([ok_run("eagle3", 1, 370.0)], ["eagle3"], created="2026-11-29T01:00:00+00:00")
+    failed = ok_run("eagle3", 1, 0.0)
+    failed["status"] = "failed"
+    second = document_with([failed, ok_run("plain", 1, 200.0)], ["eagle3", "plain"],
+                           created="2026-11-29T02:00:00+00:00")
+    first["configs"]["eagle3"]["startup_s"] = 11.0
+    second["configs"]["eagle3"]["startup_s"] = 22.0
+    merged = results.merge_results([first, second])
+    eagle3 = [r for r in merged["runs"] if r["config"] == "eagle3"]
+    assert [r["status"] for r in eagle3] == ["ok"]
+    assert eagle3[0]["metrics"]["output_throughput"] == 370.0
+    assert merged["configs"]["eagle3"]["startup_s"] == 11.0
+    assert set(merged["configs"]) == {"eagle3", "plain"}
+
+
 def test_report_command_writes_report_and_plots_from_recorded_json(tmp_path):
     runs = [ok_run(c, n, 100.0 * n + i) for i, c in enumerate(configs.CONFIG_NAMES) for n in (1, 4, 16, 64, 128)]
     part = tmp_path / "part.json"

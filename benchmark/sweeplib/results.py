@@ -85,21 +85,27 @@ def run_key(run: dict) -> tuple[str, int]:
 
 
 def merge_results(documents: list[dict]) -> dict:
-    """Union of several result documents; a later document wins a repeated configuration or
-    (configuration, concurrency) pair, with a warning."""
+    """Union of several result documents. A later document wins a repeated (configuration,
+    concurrency) pair, with a warning, unless its run failed where an earlier one succeeded.
+    Each configuration's server record comes from the last document whose runs were kept."""
     merged = {"schema_version": SCHEMA_VERSION, "sources": [], "configs": {}, "runs": []}
-    runs_by_key: dict[tuple[str, int], dict] = {}
-    for document in documents:
+    kept: dict[tuple[str, int], tuple[int, dict]] = {}
+    for index, document in enumerate(documents):
         merged["sources"] += document["sources"]
-        for name, config in document["configs"].items():
-            if name in merged["configs"]:
-                logger.warning("configuration %s appears in several inputs; keeping the last", name)
-            merged["configs"][name] = config
         for run in document["runs"]:
-            if run_key(run) in runs_by_key:
-                logger.warning("run %s c=%d appears in several inputs; keeping the last", *run_key(run))
-            runs_by_key[run_key(run)] = run
-    merged["runs"] = list(runs_by_key.values())
+            key = run_key(run)
+            if key in kept:
+                earlier = kept[key][1]
+                if earlier["status"] == RUN_OK and run["status"] != RUN_OK:
+                    logger.warning("run %s c=%d failed in a later input; keeping the earlier result", *key)
+                    continue
+                logger.warning("run %s c=%d appears in several inputs; keeping the last", *key)
+            kept[key] = (index, run)
+    merged["runs"] = [run for _, run in kept.values()]
+    for name in {name for document in documents for name in document["configs"]}:
+        having = [i for i, document in enumerate(documents) if name in document["configs"]]
+        with_kept_runs = [i for (config, _), (i, _) in kept.items() if config == name and i in having]
+        merged["configs"][name] = documents[max(with_kept_runs, default=having[-1])]["configs"][name]
     return merged
 
 
