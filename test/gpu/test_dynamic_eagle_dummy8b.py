@@ -125,3 +125,24 @@ def test_runs_more_than_48_requests_at_once(servers):
         f"effective max running requests {state.get('effective_max_running_requests_per_dp')}"
     )
     assert counters["max_plain_batch"] > 48
+
+
+def test_logprob_requests_in_both_modes(servers):
+    """Requests asking for logprobs get one per output token in either mode, and the
+    plain-mode logprobs match the plain server's."""
+    prompts = make_prompts(8, seed=3)
+    dynamic = send_in_waves(servers["dynamic"], prompts, wave_size=8, top_logprobs_num=2)
+    alone = send_in_waves(servers["dynamic"], prompts[:1], wave_size=1, top_logprobs_num=2)
+    plain = send_in_waves(servers["plain"], prompts, wave_size=8, top_logprobs_num=2)
+    for output, prompt in zip(dynamic + alone, prompts + prompts[:1]):
+        meta = output["meta_info"]
+        assert len(meta["output_token_logprobs"]) == prompt["max_new_tokens"]
+        assert all(len(top) == 2 for top in meta["output_top_logprobs"])
+    for d, p in zip(dynamic, plain):
+        same = first_difference(d["output_ids"], p["output_ids"])
+        length = len(d["output_ids"]) if same is None else same
+        for (dyn_logprob, _, _), (plain_logprob, _, _) in zip(
+            d["meta_info"]["output_token_logprobs"][:length],
+            p["meta_info"]["output_token_logprobs"][:length],
+        ):
+            assert abs(dyn_logprob - plain_logprob) < 0.05
