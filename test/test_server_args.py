@@ -90,6 +90,12 @@ def test_user_max_running_requests_is_kept(prepare, draft):
     assert eagle3.max_running_requests == dynamic.max_running_requests == 200
 
 
+def test_bad_catchup_budget_fails_at_startup(prepare, draft, monkeypatch):
+    monkeypatch.setenv("SGLANG_DYNAMIC_EAGLE_CATCHUP_MIB", "lots")
+    with pytest.raises(ValueError, match="SGLANG_DYNAMIC_EAGLE_CATCHUP_MIB='lots' is invalid"):
+        prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *CHAIN)
+
+
 def test_lowercase_algorithm_name(prepare, draft):
     server_args = prepare("--speculative-algorithm", "eagle3_dynamic", *draft, *CHAIN)
     assert server_args.speculative_algorithm == "EAGLE3_DYNAMIC"

@@ -32,7 +32,7 @@ class ModeCounters:
 
     def record_step(self, mode: DecodeMode, batch_size: int, *, ran_graph: bool) -> None:
         """Count one decode step at launch time."""
-        if mode is DecodeMode.PLAIN:
+        if mode == DecodeMode.PLAIN:
             self.plain_steps += 1
             self.plain_graph_steps += int(ran_graph)
             self.max_plain_batch = max(self.max_plain_batch, batch_size)
@@ -42,7 +42,7 @@ class ModeCounters:
         self._pending_modes.append(mode)
 
     def record_switch(self, new_mode: DecodeMode) -> None:
-        if new_mode is DecodeMode.PLAIN:
+        if new_mode == DecodeMode.PLAIN:
             self.switches_to_plain += 1
         else:
             self.switches_to_speculative += 1
@@ -61,7 +61,7 @@ class ModeCounters:
         if not self._pending_modes:
             return
         mode = self._pending_modes.popleft()
-        if mode is DecodeMode.SPECULATIVE:
+        if mode == DecodeMode.SPECULATIVE:
             self.speculative_verified_requests += len(num_correct_drafts_per_req)
             self.speculative_accepted_tokens += sum(num_correct_drafts_per_req) + len(
                 num_correct_drafts_per_req

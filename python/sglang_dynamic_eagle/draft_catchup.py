@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Sequence, Tuple
 
@@ -31,6 +32,20 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_WINDOW = 256
+CATCHUP_BUDGET_ENV = "SGLANG_DYNAMIC_EAGLE_CATCHUP_MIB"
+DEFAULT_CATCHUP_BUDGET_MIB = 1024
+
+
+def catchup_budget_bytes() -> int:
+    """The stash's memory budget, from the environment (checked at server start-up)."""
+    raw = os.environ.get(CATCHUP_BUDGET_ENV, str(DEFAULT_CATCHUP_BUDGET_MIB))
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(
+            f"{CATCHUP_BUDGET_ENV}={raw!r} is invalid: set it to a positive number "
+            "of MiB for the draft-KV catch-up stash, or unset it for the default "
+            f"({DEFAULT_CATCHUP_BUDGET_MIB})."
+        )
+    return int(raw) * 1024 * 1024
 
 
 def choose_window(budget_bytes: int, req_pool_size: int, hidden_width: int, elem_bytes: int) -> int:

@@ -18,7 +18,6 @@ new requests start with a correct draft context in either mode.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Dict, List, Optional, Tuple, Union
 
 import torch
@@ -43,7 +42,7 @@ from sglang.srt.speculative.eagle_utils import (
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_dynamic_eagle.counters import ModeCounters
-from sglang_dynamic_eagle.draft_catchup import DraftCatchup, choose_window
+from sglang_dynamic_eagle.draft_catchup import DraftCatchup, catchup_budget_bytes, choose_window
 from sglang_dynamic_eagle.flags import current_flags
 from sglang_dynamic_eagle.plain_decode_graphs import (
     PlainDecodeGraphs,
@@ -53,21 +52,6 @@ from sglang_dynamic_eagle.policy import DecodeMode, SwitchPolicy, SwitchPolicyCo
 from sglang_dynamic_eagle.spec_algo import speculative_graph_max_bs
 
 logger = logging.getLogger(__name__)
-
-CATCHUP_BUDGET_ENV = "SGLANG_DYNAMIC_EAGLE_CATCHUP_MIB"
-DEFAULT_CATCHUP_BUDGET_MIB = 1024
-
-
-def catchup_budget_bytes() -> int:
-    raw = os.environ.get(CATCHUP_BUDGET_ENV, str(DEFAULT_CATCHUP_BUDGET_MIB))
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(
-            f"{CATCHUP_BUDGET_ENV}={raw!r} is invalid: set it to a positive number "
-            "of MiB for the draft-KV catch-up stash, or unset it for the default "
-            f"({DEFAULT_CATCHUP_BUDGET_MIB})."
-        )
-    return int(raw) * 1024 * 1024
-
 
 class DynamicEagleWorker(EAGLEWorkerV2):
     """See the module docstring."""
