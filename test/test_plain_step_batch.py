@@ -1,0 +1,83 @@
+"""CPU tests of the plain step's batch rewrite and of the plain-graph batch sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import List, Optional
+
+import torch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+from sglang_dynamic_eagle.plain_decode_graphs import plain_decode_batch_sizes
+from sglang_dynamic_eagle.worker import _turn_into_decode_batch
+
+
+@dataclass
+class FakeBatch:
+    seq_lens: torch.Tensor
+    req_pool_indices: torch.Tensor
+    spec_info: SimpleNamespace
+    reqs: List[object]
+    seq_lens_cpu: Optional[torch.Tensor] = None
+    seq_lens_sum: Optional[int] = None
+    input_ids: Optional[torch.Tensor] = None
+    out_cache_loc: Optional[torch.Tensor] = None
+    forward_mode: ForwardMode = ForwardMode.DECODE
+
+
+def req_to_token_table() -> torch.Tensor:
+    """Slot of (request row r, position p) is 1000 * r + p."""
+    rows = torch.arange(4, dtype=torch.int32).unsqueeze(1) * 1000
+    return rows + torch.arange(64, dtype=torch.int32).unsqueeze(0)
+
+
+def spec_v2_batch(with_cpu_lengths: bool) -> FakeBatch:
+    return FakeBatch(
+        seq_lens=torch.tensor([10, 37], dtype=torch.int64),
+        req_pool_indices=torch.tensor([2, 0], dtype=torch.int64),
+        spec_info=SimpleNamespace(bonus_tokens=torch.tensor([501, 702], dtype=torch.int32)),
+        reqs=[object(), object()],
+        seq_lens_cpu=torch.tensor([10, 37]) if with_cpu_lengths else None,
+        seq_lens_sum=47 if with_cpu_lengths else None,
+    )
+
+
+def test_decode_batch_feeds_the_bonus_token_at_the_committed_length():
+    batch = spec_v2_batch(with_cpu_lengths=True)
+    _turn_into_decode_batch(batch, req_to_token_table())
+    assert batch.input_ids.tolist() == [501, 702]
+    assert batch.input_ids.dtype == torch.int64
+    # Slots of position 10 for request row 2 and position 37 for row 0.
+    assert batch.out_cache_loc.tolist() == [2010, 37]
+    assert batch.out_cache_loc.dtype == torch.int64
+    # DECODE convention: seq_lens include the token being decoded.
+    assert batch.seq_lens.tolist() == [11, 38]
+    assert batch.seq_lens_cpu.tolist() == [11, 38]
+    assert batch.seq_lens_sum == 49
+    assert batch.forward_mode == ForwardMode.DECODE
+    assert batch.spec_info is None
+
+
+def test_decode_batch_without_cpu_lengths_keeps_them_unset():
+    batch = spec_v2_batch(with_cpu_lengths=False)
+    _turn_into_decode_batch(batch, req_to_token_table())
+    assert batch.seq_lens_cpu is None
+    assert batch.seq_lens_sum is None
+    assert batch.seq_lens.tolist() == [11, 38]
+
+
+def test_plain_graph_sizes_are_those_of_a_server_without_speculation():
+    decode = SimpleNamespace(bs=[1, 2, 3, 4, 5, 6, 7, 8, 10, 12], max_bs=64)
+    server_args = SimpleNamespace(
+        cuda_graph_config=SimpleNamespace(decode=decode), disable_cuda_graph_padding=False
+    )
+    assert plain_decode_batch_sizes(server_args) == [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64]
+
+
+def test_plain_graph_sizes_without_padding_cover_every_batch():
+    decode = SimpleNamespace(bs=[1, 2, 3], max_bs=5)
+    server_args = SimpleNamespace(
+        cuda_graph_config=SimpleNamespace(decode=decode), disable_cuda_graph_padding=True
+    )
+    assert plain_decode_batch_sizes(server_args) == [1, 2, 3, 4, 5]
