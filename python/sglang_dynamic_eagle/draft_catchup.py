@@ -54,6 +54,11 @@ def choose_window(budget_bytes: int, req_pool_size: int, hidden_width: int, elem
     return max(1, min(MAX_WINDOW, budget_bytes // per_position))
 
 
+def _with_rows(tensor: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` whose ``rows`` are replaced by ``values``."""
+    return tensor.index_put((rows,), values.to(tensor.dtype))
+
+
 @dataclass(frozen=True)
 class CatchupPlan:
     """Which rows of a decode batch need catch-up, and how many positions each."""
@@ -122,17 +127,19 @@ class DraftCatchup:
         return CatchupPlan(rows=rows, lengths=lengths, truncated_tokens=truncated)
 
     def run(self, draft_worker, batch: ScheduleBatch, plan: CatchupPlan) -> None:
-        """Rebuild the missed draft KV and refresh ``batch.spec_info`` in place."""
+        """Rebuild the missed draft KV and the draft fields of ``batch.spec_info``."""
         rows = torch.tensor(plan.rows, dtype=torch.int64, device=self.device)
         sub_batch, aux_hidden_states = self._extend_batch(draft_worker, batch, plan, rows)
         draft_input: EagleDraftInput = batch.spec_info
         seeds = draft_worker._draft_extend_for_prefill(
             sub_batch, aux_hidden_states, draft_input.bonus_tokens[rows]
         )
-        draft_input.topk_p[rows] = seeds.topk_p.to(draft_input.topk_p.dtype)
-        draft_input.topk_index[rows] = seeds.topk_index.to(draft_input.topk_index.dtype)
-        draft_input.hidden_states[rows] = seeds.hidden_states.to(
-            draft_input.hidden_states.dtype
+        # Out of place: without overlap scheduling these tensors are the plain
+        # step's shared zero stubs.
+        draft_input.topk_p = _with_rows(draft_input.topk_p, rows, seeds.topk_p)
+        draft_input.topk_index = _with_rows(draft_input.topk_index, rows, seeds.topk_index)
+        draft_input.hidden_states = _with_rows(
+            draft_input.hidden_states, rows, seeds.hidden_states
         )
         self.forget([int(batch.req_pool_indices_cpu[row]) for row in plan.rows])
 
