@@ -30,8 +30,6 @@ if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative.spec_info import SpecInput
 
-
-
 logger = logging.getLogger(__name__)
 
 _EAGLE3 = SpeculativeAlgorithm.EAGLE3
