@@ -81,3 +81,53 @@ def test_plain_graph_sizes_without_padding_cover_every_batch():
         cuda_graph_config=SimpleNamespace(decode=decode), disable_cuda_graph_padding=True
     )
     assert plain_decode_batch_sizes(server_args) == [1, 2, 3, 4, 5]
+
+
+class FakeRunner:
+    """Mimics the target model runner's sampling pieces, recording their order."""
+
+    def __init__(self) -> None:
+        self.calls: List[str] = []
+        self.ngram_embedding_manager = SimpleNamespace(
+            update_after_decode=lambda **kwargs: self.calls.append("ngram")
+        )
+
+    def _preprocess_logits(self, logits_output, sampling_info) -> None:
+        self.calls.append("preprocess")
+        logits_output.next_token_logits[:, 0] += 5.0  # a logit bias on token 0
+
+    def sampler(self, logits_output, sampling_info, return_logprob, top_logprobs_nums,
+                token_ids_logprobs, positions) -> torch.Tensor:
+        self.calls.append("sample")
+        assert return_logprob is False
+        logits_output.next_token_logits.div_(2.0)  # in-place temperature, as sglang's sampler
+        return torch.argmax(logits_output.next_token_logits, dim=-1)
+
+
+def test_plain_sampling_reports_logprobs_of_the_adjusted_logits():
+    from sglang_dynamic_eagle.worker import DynamicEagleWorker
+
+    worker = object.__new__(DynamicEagleWorker)
+    runner = FakeRunner()
+    worker._target_worker = SimpleNamespace(model_runner=runner)
+    worker._row_index = torch.arange(8)
+    logits = torch.tensor([[1.0, 2.0, 0.0], [0.0, 9.0, 1.0]])
+    logits_output = SimpleNamespace(next_token_logits=logits.clone())
+    batch = SimpleNamespace(
+        return_logprob=True,
+        seq_lens=torch.tensor([5, 6]),
+        sampling_info=SimpleNamespace(is_all_greedy=True),
+        top_logprobs_nums=None,
+        token_ids_logprobs=None,
+    )
+    forward_batch = SimpleNamespace(sampling_info=batch.sampling_info, positions=torch.tensor([5, 6]))
+
+    next_ids = worker._sample(batch, forward_batch, logits_output)
+
+    assert runner.calls == ["preprocess", "sample", "ngram"]
+    assert next_ids.tolist() == [0, 1]  # token 0 wins row 0 only because of the bias
+    adjusted = logits.clone()
+    adjusted[:, 0] += 5.0
+    expected = torch.log_softmax(adjusted, dim=-1)[torch.arange(2), next_ids]
+    assert torch.allclose(logits_output.next_token_logprobs.reshape(-1), expected)
+    assert logits_output.next_token_logprobs.shape == (2, 1)

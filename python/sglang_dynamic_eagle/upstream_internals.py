@@ -124,6 +124,15 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         drop_when="a per-mode reserve is hooked in (would also shrink plain-mode headroom)",
     ),
     UpstreamReliance(
+        target="ModelRunner._preprocess_logits / ModelRunner.sampler",
+        how="called in that order by the plain step instead of ModelRunner.sample, with a "
+        "copy of the logits taken in between",
+        why="logprobs must be those of the logits after penalties, logit bias and grammar "
+        "mask but before the sampler's in-place temperature, as EAGLE's verify reports them; "
+        "sample() gives no access to that point",
+        drop_when="ModelRunner.sample can return spec-v2 shaped logprobs",
+    ),
+    UpstreamReliance(
         target="sglang.srt.layers.logprob_processor.compute_spec_v2_logprobs",
         how="called with one accepted row per request",
         why="the spec-v2 result processor reads logprobs as [bs, accepted]",

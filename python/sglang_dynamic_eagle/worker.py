@@ -224,6 +224,10 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         ):
             self._catchup.run(draft_worker, batch, plan)
         end.record()
+        if self.plan_stream is not None:
+            # The draft extend later in this step plans the same draft attention
+            # backend on the plan stream; it must not overtake the catch-up.
+            self.plan_stream.wait_stream(torch.cuda.current_stream())
         self._catchup_timings.append((start, end))
         self.counters.record_catchup(plan.num_tokens, plan.truncated_tokens)
 
@@ -263,6 +267,10 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         positions = batch.seq_lens
         req_pool_indices_cpu = _req_pool_indices(batch)
         _turn_into_decode_batch(batch, target_runner.req_to_token_pool.req_to_token)
+        # Plain steps know their new lengths before the forward; publishing now
+        # lets the scheduler prepare the next step while this one runs.
+        if on_publish is not None:
+            on_publish(batch.seq_lens)
 
         # The plain graph publishes a fresh read-done event; an eager forward
         # publishes none, and a stale one must not satisfy the WAR barrier.
@@ -280,8 +288,6 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         logits_output = output.logits_output
         next_token_ids = self._sample(batch, forward_batch, logits_output)
 
-        if on_publish is not None:
-            on_publish(batch.seq_lens)
         self._catchup.record_plain_step(
             batch.req_pool_indices,
             req_pool_indices_cpu,
@@ -310,12 +316,23 @@ class DynamicEagleWorker(EAGLEWorkerV2):
     def _sample(
         self, batch: ScheduleBatch, forward_batch: ForwardBatch, logits_output
     ) -> torch.Tensor:
-        """Sample like a plain server; logprobs in the spec-v2 ``[bs, 1]`` layout."""
-        raw_logits = logits_output.next_token_logits.clone() if batch.return_logprob else None
-        forward_batch.return_logprob = False
-        next_token_ids = self._target_worker.model_runner.sample(logits_output, forward_batch)
-        if raw_logits is not None:
-            logits_output.next_token_logits = raw_logits
+        """Sample like a plain server. Logprobs, in the spec-v2 ``[bs, 1]`` layout, are
+        those of the logits after penalties, logit bias and grammar mask, before
+        temperature: what EAGLE's verify reports in speculative steps."""
+        runner = self._target_worker.model_runner
+        sampling_info = forward_batch.sampling_info
+        runner._preprocess_logits(logits_output, sampling_info)
+        adjusted_logits = (
+            logits_output.next_token_logits.clone() if batch.return_logprob else None
+        )
+        next_token_ids = runner.sampler(
+            logits_output, sampling_info, False, None, None, forward_batch.positions
+        )
+        runner.ngram_embedding_manager.update_after_decode(
+            next_token_ids=next_token_ids, forward_batch=forward_batch
+        )
+        if adjusted_logits is not None:
+            logits_output.next_token_logits = adjusted_logits
             accept_index = self._row_index[: len(batch.seq_lens)].unsqueeze(1)
             compute_spec_v2_logprobs(batch, logits_output, next_token_ids, accept_index, 0)
         return next_token_ids
