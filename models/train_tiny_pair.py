@@ -36,6 +36,7 @@ import sysconfig
 import tarfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import tokenizers
 import torch
@@ -223,19 +224,28 @@ def sample_windows(stream: torch.Tensor, batch: int, length: int,
     return torch.stack([stream[s : s + length] for s in starts.tolist()])
 
 
+def scheduled_steps(label: str, opt: torch.optim.Optimizer, steps: int, peak_lr: float,
+                    max_s: float) -> Iterator[int]:
+    """Step indices with the learning-rate schedule applied; stops at the time budget."""
+    start = time.monotonic()
+    for step in range(steps):
+        if time.monotonic() - start > max_s:
+            logger.warning("%s: time budget reached at step %d", label, step)
+            return
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, peak_lr)
+        yield step
+
+
 def train_target(scale: Scale, stream: torch.Tensor, heldout: torch.Tensor,
                  device: torch.device, seed: int) -> tuple[LlamaForCausalLM, dict]:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(target_config(scale)).to(device)
     opt = make_optimizer(list(model.parameters()), scale.target_lr, device)
     gen = torch.Generator().manual_seed(seed)
-    start, losses, step = time.monotonic(), [], 0
-    for step in range(scale.target_steps):
-        if time.monotonic() - start > scale.target_max_s:
-            logger.warning("target: time budget reached at step %d", step)
-            break
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, scale.target_steps, scale.target_lr)
+    start, losses = time.monotonic(), []
+    for step in scheduled_steps("target", opt, scale.target_steps, scale.target_lr,
+                                scale.target_max_s):
         x = sample_windows(stream, scale.target_batch, scale.target_seq, gen).to(device)
         with autocast(device):
             loss = model(input_ids=x, labels=x).loss
@@ -248,7 +258,7 @@ def train_target(scale: Scale, stream: torch.Tensor, heldout: torch.Tensor,
             logger.info("target step %d loss %.3f", step, loss.item())
     round_to_bf16(model)
     stats = {
-        "steps": step + 1, "seconds": round(time.monotonic() - start, 1),
+        "steps": len(losses), "seconds": round(time.monotonic() - start, 1),
         "final_train_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
         "heldout_loss": round(heldout_loss(model, heldout, scale, device), 4),
     }
@@ -509,14 +519,10 @@ def train_draft(scale: Scale, target: LlamaForCausalLM, data: torch.Tensor,
     embed = target.model.embed_tokens
     opt = make_optimizer([p for p in draft.parameters()], scale.draft_lr, device)
     gen = torch.Generator().manual_seed(seed + 1)
-    start, step = time.monotonic(), 0
+    start = time.monotonic()
     history: list[list[float]] = []
-    for step in range(scale.draft_steps):
-        if time.monotonic() - start > scale.draft_max_s:
-            logger.warning("draft: time budget reached at step %d", step)
-            break
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, scale.draft_steps, scale.draft_lr)
+    for step in scheduled_steps("draft", opt, scale.draft_steps, scale.draft_lr,
+                                scale.draft_max_s):
         idx = torch.randint(0, len(data), (scale.draft_batch,), generator=gen)
         tokens = data[idx].to(device)
         aux, greedy = target_features(target, tokens)
@@ -534,7 +540,7 @@ def train_draft(scale: Scale, target: LlamaForCausalLM, data: torch.Tensor,
     round_to_bf16(draft)
     recent = history[-50:]
     stats = {
-        "steps": step + 1, "seconds": round(time.monotonic() - start, 1),
+        "steps": len(history), "seconds": round(time.monotonic() - start, 1),
         "draft_vocab_coverage_of_target_greedy_tokens": round(coverage, 4),
         "train_step_accuracy": [round(sum(a[k] for a in recent) / len(recent), 4)
                                 for k in range(scale.ttt_steps)],
