@@ -12,6 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder that comes back}"
 begin=$SECONDS
+python3 -m pip install -q --no-deps --no-index --no-build-isolation -e test/gpu/native_ops_plugin || exit 1
 work=$(mktemp -d)
 
 if ! python3 models/train_tiny_pair.py --out "$work/tiny-pair" --tar "$OUT/tiny-pair.tar" \

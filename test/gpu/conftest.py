@@ -17,6 +17,7 @@ from gpu_servers import (
     Server,
     eagle3_args,
     running_servers,
+    tiny_pair_server_env,
 )
 
 
@@ -50,7 +51,5 @@ def tiny_servers() -> Iterator[Dict[str, Server]]:
                                   "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                   *TINY_DYNAMIC_FLAGS],
     }
-    # Triton's tl.dot rounds float32 inputs to TF32 by default, and the attention kernels of a
-    # verify step (extend) and of a plain decode step differ: exact float32 makes both agree.
-    with running_servers(specs, env={"TRITON_F32_DEFAULT": "ieee"}) as started:
+    with running_servers(specs, env=tiny_pair_server_env()) as started:
         yield started

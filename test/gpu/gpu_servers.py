@@ -31,6 +31,9 @@ TINY_DYNAMIC_FLAGS = [
     "--speculative-switch-patience", "2",
 ]
 LOG_DIR = Path(os.environ.get("OUT", "/tmp"))
+# test/gpu/native_ops_plugin: float32 servers need it (sglang's CUDA rmsnorm takes no float32).
+NATIVE_OPS_ENV = "SGLANG_DE_TEST_NATIVE_OPS"
+NATIVE_OPS_PLUGIN = "dynamic_eagle_test_native_ops"
 START_TIMEOUT_S = 420
 
 COMMON_SERVER_ARGS = [
@@ -181,3 +184,23 @@ def top2_margin(plain_output: dict, position: int) -> float:
     top = plain_output["meta_info"]["output_top_logprobs"][position]
     values = sorted((entry[0] for entry in top), reverse=True)
     return values[0] - values[1]
+
+
+def tiny_pair_server_env() -> Dict[str, str]:
+    """Environment of the tiny-pair servers.
+
+    Triton's tl.dot rounds float32 inputs to TF32 by default, and the attention kernels of a
+    verify step (extend) and of a plain decode step differ: exact float32 makes both agree.
+    Serving float32 at all needs the test-only native-ops plugin (installed by run_on_device.sh).
+    """
+    env = {"TRITON_F32_DEFAULT": "ieee"}
+    if TINY_PAIR_DTYPE == "float32":
+        from importlib.metadata import entry_points
+
+        if NATIVE_OPS_PLUGIN not in {ep.name for ep in entry_points(group="sglang.srt.plugins")}:
+            raise RuntimeError(
+                "float32 tiny-pair servers need the test plugin: pip install --no-deps "
+                "--no-build-isolation -e test/gpu/native_ops_plugin (or set TINY_PAIR_DTYPE=bfloat16)"
+            )
+        env[NATIVE_OPS_ENV] = "1"
+    return env

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 KIT_DIR=${KIT_DIR:-.gpu-kit}
 export KIT_DIR
 source "$KIT_DIR/setup.sh" || exit 1
-python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . || exit 1
+python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . -e test/gpu/native_ops_plugin || exit 1
 export OUT=${OUT:-/tmp/gpu-test-out}
 mkdir -p "$OUT"
 python3 -m pytest -m gpu -p no:cacheprovider -s -q "${@:-test/gpu}" 2>&1 | tee "$OUT/pytest.log"

@@ -11,6 +11,9 @@ TINY_PAIR_DTYPE (default float32) is the served dtype. In float32 no difference 
 in bfloat16 (the fallback if float32 cannot be served) a difference counts as a numerical tie
 only if the plain server's top-2 logprob margin at the first differing token is below 1e-3.
 Both servers run with TRITON_F32_DEFAULT=ieee (exact float32 in Triton's attention kernels).
+sglang 0.5.17 cannot serve float32 with its CUDA kernels (sgl_kernel's rmsnorm has no float32
+path), so float32 servers run its custom ops in pure torch through the test-only plugin in
+test/gpu/native_ops_plugin; plain and speculative servers alike.
 TINY_PAIR_REPORT, if set, is a file to write the summary table to (it is also printed).
 """
 

@@ -1,0 +1,46 @@
+"""The test-only float32 plugin (test/gpu/native_ops_plugin) routes sglang's custom ops to forward_native."""
+
+import importlib.util
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.utils.multi_platform import MultiPlatformOp
+
+PLUGIN_PATH = Path(__file__).parent / "gpu" / "native_ops_plugin" / "sglang_de_native_ops.py"
+
+
+def _load_plugin():
+    spec = importlib.util.spec_from_file_location("sglang_de_native_ops", PLUGIN_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def restore_dispatch() -> Iterator[None]:
+    original = MultiPlatformOp.dispatch_forward
+    yield
+    MultiPlatformOp.dispatch_forward = original
+
+
+def test_without_env_nothing_changes(restore_dispatch, monkeypatch) -> None:
+    monkeypatch.delenv("SGLANG_DE_TEST_NATIVE_OPS", raising=False)
+    original = MultiPlatformOp.dispatch_forward
+    _load_plugin().register()
+    assert MultiPlatformOp.dispatch_forward is original
+
+
+def test_with_env_ops_dispatch_to_forward_native_once(restore_dispatch, monkeypatch) -> None:
+    monkeypatch.setenv("SGLANG_DE_TEST_NATIVE_OPS", "1")
+    original = MultiPlatformOp.dispatch_forward
+    plugin = _load_plugin()
+    plugin.register()
+    patched = MultiPlatformOp.dispatch_forward
+    assert patched is not original
+    plugin.register()
+    assert MultiPlatformOp.dispatch_forward is patched
+    norm = RMSNorm(8)
+    assert norm._forward_method.__func__ is RMSNorm.forward_native
