@@ -206,16 +206,24 @@ def config_record(plan: SweepPlan, command: list[str]) -> dict:
     }
 
 
+def config_window_s(min_window_s: float, previous_config_s: float | None) -> float:
+    """Time budget a configuration needs before its server is started: as long as the previous
+    configuration took (start-up, warm-up and runs), and at least `min_window_s`. Starting a
+    server whose runs the budget then cuts only burns GPU time."""
+    return max(min_window_s, previous_config_s or 0.0)
+
+
 def sweep_config(plan: SweepPlan, config: str, document: dict, out_dir: Path,
-                 scratch: Path, deadline: Deadline) -> str:
-    """Serve and benchmark one configuration; record everything into `document`.
-    Returns the trimmed server log for the log-tail file."""
+                 scratch: Path, deadline: Deadline, window_s: float) -> str:
+    """Serve and benchmark one configuration if `window_s` of the budget is left; record
+    everything into `document`. Returns the trimmed server log for the log-tail file."""
     command = configs.server_command(config, plan.setup)
     record = config_record(plan, command)
     document["configs"][config] = record
-    if deadline.remaining_s() < plan.min_config_window_s:
+    if deadline.remaining_s() < window_s:
         record["error"] = "time budget spent"
-        logger.warning("[%s] skipped: %.0f s of the time budget left", config, deadline.remaining_s())
+        logger.warning("[%s] skipped: %.0f s of the time budget left, %.0f s needed",
+                       config, deadline.remaining_s(), window_s)
         return ""
     if server.port_accepts_connections(plan.setup.host, plan.setup.port):
         record.update(status="failed_to_start", error=f"port {plan.setup.port} is already in use")
@@ -338,9 +346,14 @@ def command_run(args: argparse.Namespace) -> int:
                 ",".join(plan.config_names), plan.concurrencies, plan.bench_settings.output_len, out_dir)
     scratch = Path(tempfile.mkdtemp(prefix="sweep-"))
     tails: dict[str, str] = {}
+    previous_config_s = None
     try:
         for config in plan.config_names:
-            tails[config] = sweep_config(plan, config, document, out_dir, scratch, deadline)
+            started = time.monotonic()
+            window_s = config_window_s(plan.min_config_window_s, previous_config_s)
+            tails[config] = sweep_config(plan, config, document, out_dir, scratch, deadline, window_s)
+            if document["configs"][config]["status"] != "skipped":
+                previous_config_s = time.monotonic() - started
             results.save_results(document, out_dir / RESULTS_FILE)
     finally:
         results.save_results(document, out_dir / RESULTS_FILE)
@@ -411,7 +424,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-budget-s", type=float,
                         help="stop starting servers or runs after this many seconds (default: no limit)")
     parser.add_argument("--min-config-window-s", type=float, default=120.0,
-                        help="skip a configuration when less of the time budget is left (default %(default)s)")
+                        help="skip a configuration when less of the time budget is left than this, or than "
+                             "the previous configuration took (default %(default)s)")
     parser.add_argument("--log-tail-lines", type=int, default=200,
                         help=f"server log lines kept per configuration in {SERVER_LOGS_FILE} (default %(default)s)")
 

@@ -221,6 +221,29 @@ def test_quick_defaults_and_explicit_flags(tmp_path):
     assert (tmp_path / sweep.ADAPTIVE_CONFIG_FILE).exists()
 
 
+def test_config_window_is_the_previous_configuration_time_or_the_minimum():
+    assert sweep.config_window_s(90.0, None) == 90.0
+    assert sweep.config_window_s(90.0, 60.0) == 90.0
+    assert sweep.config_window_s(90.0, 194.0) == 194.0
+
+
+def test_configuration_skipped_without_a_server_when_its_window_is_not_left(tmp_path, monkeypatch):
+    parser = sweep.build_parser()
+    args = parser.parse_args(["run", "--model-path", "m", "--draft-model-path", "d", "--out", str(tmp_path)])
+    plan = sweep.build_plan(args, tmp_path)
+    document = results.new_results_document(["sweep"], sweep.plan_settings(plan))
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(sweep.server, "start_server", no_server)
+    deadline = sweep.Deadline(budget_s=120.0)
+    tail = sweep.sweep_config(plan, "dynamic", document, tmp_path, tmp_path, deadline, window_s=194.0)
+    assert tail == ""
+    assert document["configs"]["dynamic"]["status"] == "skipped"
+    assert document["configs"]["dynamic"]["error"] == "time budget spent"
+
+
 # ----- bench_serving result lines -----
 
 def test_parse_bench_result_reads_metrics_and_ttft_details():

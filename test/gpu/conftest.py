@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, Iterator
+from typing import Dict, Iterator, List
 
 import pytest
 
@@ -53,3 +53,10 @@ def tiny_servers() -> Iterator[Dict[str, Server]]:
     }
     with running_servers(specs, env=tiny_pair_server_env()) as started:
         yield started
+
+
+def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
+    """Run the tests on the session-wide tiny servers last. Those servers hold their GPU memory
+    until the session ends, so a module that starts its own servers after them finds too little
+    memory left (the 8B-shaped dummy servers died that way in the device run of 2026-11-29)."""
+    items.sort(key=lambda item: "tiny_servers" in getattr(item, "fixturenames", ()))
