@@ -122,38 +122,42 @@ def record_from_result_line(config: str, num_prompts: int, line: dict, counters_
     return record
 
 
-def warm_up(plan: SweepPlan, running: server.RunningServer, scratch: Path, deadline: Deadline) -> None:
+def warm_up_group(plan: SweepPlan, scratch: Path, config: str) -> bench.RunGroup:
     """One short unrecorded wave at every concurrency, so that every configuration is measured
     after its lazily compiled kernels (Triton, sglang's JIT ops) exist, whatever ran before it
     on the machine. Its output length is WARMUP_OUTPUT_LEN tokens."""
-    settings = dataclasses.replace(plan.bench_settings, output_len=WARMUP_OUTPUT_LEN)
-    output_file = scratch / f"warmup_{running.config}.jsonl"
-    command = bench.bench_driver_command(settings, plan.setup.host, plan.setup.port,
-                                         [(c, c) for c in plan.concurrencies], str(output_file))
-    timeout_s = min(plan.bench_timeout_s, deadline.remaining_s())
-    bench.run_bench_driver(command, output_file, scratch / f"warmup_{running.config}.log", timeout_s,
-                           on_result=lambda line: None,
-                           server_alive=lambda: server.server_is_running(running))
-    logger.info("[%s] warmed up at concurrencies %s", running.config, plan.concurrencies)
+    return bench.RunGroup(
+        settings=dataclasses.replace(plan.bench_settings, output_len=WARMUP_OUTPUT_LEN),
+        runs=tuple((c, c) for c in plan.concurrencies),
+        output_file=str(scratch / f"warmup_{config}.jsonl"),
+    )
 
 
 def bench_all_concurrencies(plan: SweepPlan, running: server.RunningServer, document: dict,
                             out_dir: Path, scratch: Path, deadline: Deadline) -> None:
-    """Run bench_serving at every concurrency against the running server, recording each run as
-    its result line appears. Concurrencies without a result line are recorded as failed."""
+    """Warm up, then run bench_serving at every concurrency against the running server, in one
+    bench process, recording each run as its result line appears. Concurrencies without a
+    result line are recorded as failed."""
     config = running.config
     prompts = {c: bench.prompts_for_concurrency(c, plan.waves, plan.min_prompts) for c in plan.concurrencies}
-    timeout_s = min(plan.bench_timeout_s * len(prompts), deadline.remaining_s())
+    timeout_s = min(plan.bench_timeout_s * (len(prompts) + 1), deadline.remaining_s())
     if timeout_s <= 0:
         document["runs"] += [run_record(config, c, n, "skipped", "time budget spent") for c, n in prompts.items()]
         return
-    output_file = scratch / f"bench_{config}.jsonl"
+    warm_up = warm_up_group(plan, scratch, config)
+    measured = bench.RunGroup(plan.bench_settings, tuple(prompts.items()), str(scratch / f"bench_{config}.jsonl"))
     driver_log = scratch / f"bench_{config}.log"
-    command = bench.bench_driver_command(plan.bench_settings, plan.setup.host, plan.setup.port,
-                                         list(prompts.items()), str(output_file))
+    command = bench.bench_driver_command([warm_up, measured], plan.setup.host, plan.setup.port)
     state = {"counters": mode_counters.find_mode_counters(server.fetch_server_info(running.base_url)),
              "since": time.monotonic()}
     done: set[int] = set()
+    warmed: set[int] = set()
+
+    def on_warm_up_result(line: dict) -> None:
+        warmed.add(int(line["max_concurrency"]))
+        state.update(counters=mode_counters.find_mode_counters(line.get("server_info")), since=time.monotonic())
+        if warmed == set(plan.concurrencies):
+            logger.info("[%s] warmed up at concurrencies %s", config, plan.concurrencies)
 
     def on_result(line: dict) -> None:
         concurrency = int(line["max_concurrency"])
@@ -165,8 +169,9 @@ def bench_all_concurrencies(plan: SweepPlan, running: server.RunningServer, docu
         results.save_results(document, out_dir / RESULTS_FILE)
         logger.info("%s", progress_line(run))
 
-    exit_code = bench.run_bench_driver(command, output_file, driver_log, timeout_s, on_result,
-                                       server_alive=lambda: server.server_is_running(running))
+    exit_code = bench.run_bench_driver(
+        command, [(Path(warm_up.output_file), on_warm_up_result), (Path(measured.output_file), on_result)],
+        driver_log, timeout_s, server_alive=lambda: server.server_is_running(running))
     reason = {
         bench.TIMEOUT_EXIT_CODE: "time budget or --bench-timeout-s reached",
         bench.SERVER_DIED_EXIT_CODE: "server died",
@@ -253,7 +258,6 @@ def sweep_config(plan: SweepPlan, config: str, document: dict, out_dir: Path,
                         config, *(None if v is None else round(v, 1) for v in (
                             probe["cold_token_ttft_ms"], probe["warm_median_token_ttft_ms"],
                             probe["warm_median_text_ttft_ms"], probe["warm_median_e2e_ms"])))
-        warm_up(plan, running, scratch, deadline)
         bench_all_concurrencies(plan, running, document, out_dir, scratch, deadline)
         if not server.server_is_running(running):
             raise server.ServerError(

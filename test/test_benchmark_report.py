@@ -182,12 +182,12 @@ def test_bench_driver_command_carries_run_parameters():
     settings = bench.BenchSettings(tokenizer="tok", input_len=512, output_len=256, seed=7,
                                    visible_special_tokens=True, extra_args=("--tokenize-prompt",),
                                    python="python3")
-    runs = [(1, 8), (16, 48)]
-    command = bench.bench_driver_command(settings, "127.0.0.1", 30001, runs, "/tmp/x.jsonl")
-    separator = command.index("--")
+    runs = ((1, 8), (16, 48))
+    command = bench.bench_driver_command([bench.RunGroup(settings, runs, "/tmp/x.jsonl")], "127.0.0.1", 30001)
     assert command[1] == str(bench.DRIVER_PATH) and bench.DRIVER_PATH.exists()
-    assert bench_driver.parse_runs(command[2:separator]) == runs
-    flags = flag_values(command[separator + 1:])
+    [(parsed_runs, bench_flags)] = bench_driver.parse_groups(command[2:])
+    assert parsed_runs == list(runs)
+    flags = flag_values(bench_flags)
     assert "--max-concurrency" not in flags and "--num-prompts" not in flags
     assert flags["--port"] == ("30001",)
     assert flags["--random-output-len"] == ("256",)
@@ -199,6 +199,25 @@ def test_bench_driver_command_carries_run_parameters():
     assert body["sampling_params"]["skip_special_tokens"] is False
     plain_settings = bench.BenchSettings("tok", 512, 256, 7, False, (), "python3")
     assert "--extra-request-body" not in bench.bench_serving_flags(plain_settings, "h", 1, "f")
+
+
+def test_warm_up_and_measured_runs_share_one_driver_process(tmp_path):
+    parser = sweep.build_parser()
+    args = parser.parse_args(["run", "--model-path", "m", "--draft-model-path", "d", "--out", str(tmp_path),
+                              "--concurrencies", "1,64", "--waves", "2", "--min-prompts", "4"])
+    plan = sweep.build_plan(args, tmp_path)
+    warm_up = sweep.warm_up_group(plan, tmp_path, "dynamic")
+    measured = bench.RunGroup(plan.bench_settings, ((1, 4), (64, 128)), str(tmp_path / "bench.jsonl"))
+    command = bench.bench_driver_command([warm_up, measured], "127.0.0.1", 30001)
+    assert command.count(bench_driver.GROUP_SEPARATOR) == 1
+    (warm_runs, warm_flags), (runs, flags) = bench_driver.parse_groups(command[2:])
+    assert warm_runs == [(1, 1), (64, 64)] and runs == [(1, 4), (64, 128)]
+    warm_flags, flags = flag_values(warm_flags), flag_values(flags)
+    assert warm_flags["--random-output-len"] == (str(sweep.WARMUP_OUTPUT_LEN),)
+    assert flags["--random-output-len"] == ("256",)
+    assert warm_flags["--output-file"] != flags["--output-file"]
+    assert {k: v for k, v in warm_flags.items() if k not in ("--random-output-len", "--output-file")} == \
+        {k: v for k, v in flags.items() if k not in ("--random-output-len", "--output-file")}
 
 
 @given(concurrency=st.integers(1, 512), waves=st.integers(1, 5), min_prompts=st.integers(1, 64))
@@ -298,18 +317,36 @@ def test_run_bench_driver_reports_each_result_line(tmp_path):
     lines = [{"max_concurrency": c} for c in (1, 4, 16)]
     command, output = fake_driver(tmp_path, lines, sleep_s=0.1)
     seen = []
-    exit_code = bench.run_bench_driver(command, output, tmp_path / "driver.log", 60.0, seen.append,
+    exit_code = bench.run_bench_driver(command, [(output, seen.append)], tmp_path / "driver.log", 60.0,
                                        server_alive=lambda: True)
     assert exit_code == 0 and seen == lines
+
+
+def test_run_bench_driver_reads_every_watched_file_in_order(tmp_path):
+    first, second = tmp_path / "warmup.jsonl", tmp_path / "bench.jsonl"
+    script = (
+        "import json, time\n"
+        f"for path, c in [({str(first)!r}, 1), ({str(first)!r}, 4), ({str(second)!r}, 1)]:\n"
+        "    time.sleep(0.1)\n"
+        "    open(path, 'a').write(json.dumps({'max_concurrency': c}) + '\\n')\n"
+    )
+    seen = []
+    exit_code = bench.run_bench_driver(
+        [sys.executable, "-c", script],
+        [(first, lambda line: seen.append(("warm-up", line["max_concurrency"]))),
+         (second, lambda line: seen.append(("measured", line["max_concurrency"])))],
+        tmp_path / "driver.log", 60.0, server_alive=lambda: True)
+    assert exit_code == 0
+    assert seen == [("warm-up", 1), ("warm-up", 4), ("measured", 1)]
 
 
 def test_run_bench_driver_stops_when_the_server_dies_or_time_runs_out(tmp_path):
     command, output = fake_driver(tmp_path, [{"max_concurrency": 1}], sleep_s=30)
     log = tmp_path / "driver.log"
     started = time.monotonic()
-    assert bench.run_bench_driver(command, output, log, 60.0, print,
+    assert bench.run_bench_driver(command, [(output, print)], log, 60.0,
                                   server_alive=lambda: False) == bench.SERVER_DIED_EXIT_CODE
-    assert bench.run_bench_driver(command, output, log, 0.5, print,
+    assert bench.run_bench_driver(command, [(output, print)], log, 0.5,
                                   server_alive=lambda: True) == bench.TIMEOUT_EXIT_CODE
     assert time.monotonic() - started < 20
 
@@ -554,3 +591,20 @@ def test_load_results_rejects_other_schema(tmp_path):
     path.write_text(json.dumps({"schema_version": 0}))
     with pytest.raises(ValueError):
         results.load_results(path)
+
+
+def test_driver_runs_every_group_with_its_own_flags(monkeypatch):
+    from sglang.benchmark import serving
+
+    calls = []
+    monkeypatch.setattr(serving, "flush_server_cache", serving.flush_server_cache)
+    monkeypatch.setattr(serving, "cli_main", lambda: calls.append(sys.argv[1:]))
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+    argv = ["1:1", "--", "--warm", bench_driver.GROUP_SEPARATOR, "1:4", "4:8", "--", "--measured"]
+    assert bench_driver.main(argv) == 0
+    assert calls == [
+        ["--warm", "--max-concurrency", "1", "--num-prompts", "1"],
+        ["--measured", "--max-concurrency", "1", "--num-prompts", "4"],
+        ["--measured", "--max-concurrency", "4", "--num-prompts", "8"],
+    ]
+    assert serving.flush_server_cache is bench_driver.flush_when_idle

@@ -7,9 +7,11 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from sweeplib import bench_driver
 
 DRIVER_PATH = Path(__file__).resolve().with_name("bench_driver.py")
 TIMEOUT_EXIT_CODE = 124
@@ -104,16 +106,25 @@ def bench_serving_flags(settings: BenchSettings, host: str, port: int, output_fi
     return flags + list(settings.extra_args)
 
 
-def bench_driver_command(
-    settings: BenchSettings, host: str, port: int, runs: list[tuple[int, int]], output_file: str
-) -> list[str]:
-    """Command that runs bench_serving once per (concurrency, prompts) pair, in that order."""
-    return [
-        settings.python, str(DRIVER_PATH),
-        *(f"{concurrency}:{prompts}" for concurrency, prompts in runs),
-        "--",
-        *bench_serving_flags(settings, host, port, output_file),
-    ]
+@dataclass(frozen=True)
+class RunGroup:
+    """Runs of bench_serving that share its flags and result file."""
+
+    settings: BenchSettings
+    runs: tuple[tuple[int, int], ...]  # (concurrency, prompts), in order
+    output_file: str
+
+
+def bench_driver_command(groups: Sequence[RunGroup], host: str, port: int) -> list[str]:
+    """Command that runs bench_serving once per (concurrency, prompts) pair, group after group,
+    in one process."""
+    command = [groups[0].settings.python, str(DRIVER_PATH)]
+    for index, group in enumerate(groups):
+        if index:
+            command.append(bench_driver.GROUP_SEPARATOR)
+        command += [f"{concurrency}:{prompts}" for concurrency, prompts in group.runs]
+        command += ["--", *bench_serving_flags(group.settings, host, port, group.output_file)]
+    return command
 
 
 def read_new_lines(path: Path, offset: int) -> tuple[list[str], int]:
@@ -136,18 +147,18 @@ def _kill(process: subprocess.Popen, reported_exit_code: int) -> int:
 
 def run_bench_driver(
     command: list[str],
-    output_file: Path,
+    watched: Sequence[tuple[Path, Callable[[dict], None]]],
     driver_log: Path,
     timeout_s: float,
-    on_result: Callable[[dict], None],
     server_alive: Callable[[], bool],
 ) -> int:
-    """Run the driver, calling `on_result` with each result line as soon as it is written.
-    Returns the driver's exit code, TIMEOUT_EXIT_CODE if it was killed at the timeout, or
-    SERVER_DIED_EXIT_CODE if it was killed because the server died (bench_serving would
-    otherwise wait a minute for the dead server at every remaining concurrency)."""
+    """Run the driver; for each (result file, callback) in `watched`, call the callback with
+    each result line of that file as soon as it is written. Returns the driver's exit code,
+    TIMEOUT_EXIT_CODE if it was killed at the timeout, or SERVER_DIED_EXIT_CODE if it was
+    killed because the server died (bench_serving would otherwise wait a minute for the dead
+    server at every remaining concurrency)."""
     deadline = time.monotonic() + timeout_s
-    offset = 0
+    offsets = [0] * len(watched)
     with driver_log.open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     exit_code = None
@@ -157,9 +168,10 @@ def run_bench_driver(
             exit_code = _kill(process, TIMEOUT_EXIT_CODE)
         elif exit_code is None and not server_alive():
             exit_code = _kill(process, SERVER_DIED_EXIT_CODE)
-        lines, offset = read_new_lines(output_file, offset)
-        for line in lines:
-            on_result(json.loads(line))
+        for index, (output_file, on_result) in enumerate(watched):
+            lines, offsets[index] = read_new_lines(output_file, offsets[index])
+            for line in lines:
+                on_result(json.loads(line))
         if exit_code is None:
             time.sleep(POLL_S)
     return exit_code

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Run sglang.bench_serving's command line once per (concurrency, prompts) pair, in one process.
 
-Importing sglang.bench_serving (torch, transformers, sglang.srt) takes several seconds, so the
-sweep pays it once per configuration instead of once per concurrency. Each pair is a complete
+Importing sglang.bench_serving (torch, transformers, sglang.srt) took about 25 s on the GPU
+machine, so the sweep pays it once per configuration instead of once per concurrency (and
+not again for its warm-up wave). The runs come in groups, each with its own bench_serving
+flags (the warm-up wave has a shorter output and its own output file). Each pair is a complete
 bench_serving run (its own warmup, cache flush and result line), with one change: the
 `--flush-cache` request after the warmup asks the server to wait until it is idle
 (`/flush_cache?timeout=...`). bench_serving's own request has no timeout, and sglang refuses a
@@ -10,7 +12,8 @@ flush (HTTP 400, which fails the run) unless the scheduler is fully idle, and un
 scheduler a finished request stays in its last batch for one more step (read from
 Scheduler.is_fully_idle in sglang 0.5.17; the race itself has not been observed).
 
-    python bench_driver.py 1:8 4:12 -- <bench_serving flags without --max-concurrency/--num-prompts>
+    python bench_driver.py 1:8 4:12 -- <bench_serving flags without --max-concurrency/--num-prompts> \
+        [--next-group 1:8 4:12 -- <flags> ...]
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 import traceback
 
 FLUSH_WAIT_S = 30.0
+GROUP_SEPARATOR = "--next-group"
 
 
 def parse_runs(tokens: list[str]) -> list[tuple[int, int]]:
@@ -27,6 +31,21 @@ def parse_runs(tokens: list[str]) -> list[tuple[int, int]]:
         concurrency, _, prompts = token.partition(":")
         runs.append((int(concurrency), int(prompts)))
     return runs
+
+
+def parse_groups(argv: list[str]) -> list[tuple[list[tuple[int, int]], list[str]]]:
+    """(runs, bench_serving flags) of each group of the command line, in order."""
+    groups: list[list[str]] = [[]]
+    for token in argv:
+        if token == GROUP_SEPARATOR:
+            groups.append([])
+        else:
+            groups[-1].append(token)
+    parsed = []
+    for group in groups:
+        separator = group.index("--")
+        parsed.append((parse_runs(group[:separator]), group[separator + 1:]))
+    return parsed
 
 
 def flush_when_idle(base_url: str, backend: str) -> None:
@@ -39,14 +58,14 @@ def flush_when_idle(base_url: str, backend: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    separator = argv.index("--")
-    runs = parse_runs(argv[:separator])
-    bench_flags = argv[separator + 1:]
+    groups = parse_groups(argv)
     from sglang.benchmark import serving  # what `python -m sglang.bench_serving` runs
 
     serving.flush_server_cache = flush_when_idle
     failures = 0
-    for concurrency, prompts in runs:
+    for concurrency, prompts, bench_flags in (
+        (c, n, flags) for runs, flags in groups for c, n in runs
+    ):
         sys.argv = ["sglang.bench_serving", *bench_flags,
                     "--max-concurrency", str(concurrency), "--num-prompts", str(prompts)]
         print(f"bench_driver: concurrency {concurrency}, {prompts} prompts", flush=True)
