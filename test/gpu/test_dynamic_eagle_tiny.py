@@ -2,7 +2,7 @@
 
 * lossless: the held-out prompts, sent in waves so that the running batch
   crosses both thresholds many times, give exactly the plain server's tokens
-  (and EAGLE3's);
+  (and EAGLE3's), and every plain step replays a plain CUDA graph;
 * catch-up: requests that decode plainly while short filler requests keep the
   batch large, then speculatively once the fillers finish, reach an
   acceptance within 10% of always-on EAGLE3 on the same prompts.
@@ -82,10 +82,14 @@ def test_lossless_across_switches(tiny_servers, eval_set):
         f"differences vs plain {differences}, vs EAGLE3 {eagle3_differences}, "
         f"counters {after}"
     )
+    plain_steps = after["plain_steps"] - before.get("plain_steps", 0)
+    plain_graph_steps = after["plain_graph_steps"] - before.get("plain_graph_steps", 0)
     assert len(prompts) >= 64
     assert switches >= 20
     assert not differences
     assert eagle3_differences == 0
+    # Waves of 4 stay inside the tiny server's plain graphs (batch sizes up to 32).
+    assert plain_steps > 0 and plain_graph_steps == plain_steps
 
 
 def test_acceptance_recovers_after_plain_stretch(tiny_servers, eval_set):
