@@ -1,8 +1,8 @@
 #!/bin/bash
 # Runs the GPU tests in one call on the project's GPU machine (device tool):
 #   bash test/gpu/run_on_device.sh [pytest args]      (carry .gpu-kit)
-# On any machine with a CUDA GPU, sglang 0.5.17 and this package installed,
-# `python -m pytest -m gpu test/gpu` does the same.
+# On any machine with a CUDA GPU, sglang 0.5.17, this package and test/gpu/native_ops_plugin
+# installed, `python -m pytest -m gpu test/gpu` runs both suites.
 set -o pipefail
 cd "$(dirname "$0")/../.."
 KIT_DIR=${KIT_DIR:-.gpu-kit}
@@ -11,7 +11,12 @@ source "$KIT_DIR/setup.sh" || exit 1
 python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . -e test/gpu/native_ops_plugin || exit 1
 export OUT=${OUT:-/tmp/gpu-test-out}
 mkdir -p "$OUT"
-python3 -m pytest -m gpu -p no:cacheprovider -s -q "${@:-test/gpu}" 2>&1 | tee "$OUT/pytest.log"
+# Default: the tiny-pair suite (float32, exact comparisons; about 7 minutes). The 8B-shaped
+# bf16 module needs a call of its own: run_on_device.sh test/gpu/test_dynamic_eagle_dummy8b.py
+if [ $# -eq 0 ]; then
+  set -- test/gpu/test_dynamic_eagle_tiny.py test/gpu/test_tiny_pair.py
+fi
+python3 -m pytest -m gpu -p no:cacheprovider -s -q "$@" 2>&1 | tee "$OUT/pytest.log"
 status=$?
 for log in "$OUT"/server_*.log; do
   [ -f "$log" ] || continue

@@ -5,7 +5,10 @@
   (and EAGLE3's), and every plain step replays a plain CUDA graph;
 * catch-up: requests that decode plainly while short filler requests keep the
   batch large, then speculatively once the fillers finish, reach an
-  acceptance within 10% of always-on EAGLE3 on the same prompts.
+  acceptance within 10% of always-on EAGLE3 on the same prompts;
+* capacity: 128 concurrent requests run more than 48 at once (EAGLE's cap);
+* logprobs: requests asking for them get one per output token in either mode,
+  equal to the plain server's.
 """
 
 from __future__ import annotations
@@ -24,12 +27,22 @@ WAVE_SIZE = 4
 CATCHUP_TARGETS = 2  # at most the enable threshold of the tiny dynamic server
 CATCHUP_FILLERS = 12
 MAX_ACCEPTANCE_LOSS = 0.10
+CAPACITY_REQUESTS = 128
+CAPACITY_OUTPUT_TOKENS = 400  # prompts are at most 100 tokens; the model has 2048 positions
+LOGPROB_WAVE = 8
+# float32 on both servers; a misplaced or wrong-token logprob of this trained model is off by
+# far more.
+LOGPROB_TOLERANCE = 1e-2
 
 
-def send(server, prompts: Sequence[Dict], max_new_tokens: Sequence[int], concurrency: int) -> List[dict]:
+def send(
+    server, prompts: Sequence[Dict], max_new_tokens: Sequence[int], concurrency: int, **kwargs
+) -> List[dict]:
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         return list(
-            pool.map(lambda p, n: server.generate(p["input_ids"], n), prompts, max_new_tokens)
+            pool.map(
+                lambda p, n: server.generate(p["input_ids"], n, **kwargs), prompts, max_new_tokens
+            )
         )
 
 
@@ -125,3 +138,41 @@ def test_acceptance_recovers_after_plain_stretch(tiny_servers, eval_set):
     )
     assert catchup_tokens > 0
     assert resumed_acceptance >= (1 - MAX_ACCEPTANCE_LOSS) * eagle3_acceptance
+
+
+def test_runs_more_than_48_requests_at_once(tiny_servers, eval_set):
+    prompts = (eval_set["prompts"] * 2)[:CAPACITY_REQUESTS]
+    dynamic_server = tiny_servers["tiny_dynamic"]
+    # Long outputs keep the first requests running while the last ones arrive.
+    send(dynamic_server, prompts, [CAPACITY_OUTPUT_TOKENS] * len(prompts), len(prompts))
+    counters = dynamic_server.dynamic_counters()
+    print(f"capacity: max plain batch {counters['max_plain_batch']}")
+    assert counters["max_plain_batch"] > 48
+
+
+def test_logprob_requests_in_both_modes(tiny_servers, eval_set):
+    prompts = eval_set["prompts"][:LOGPROB_WAVE]
+    lengths = [32] * len(prompts)
+    dynamic_server = tiny_servers["tiny_dynamic"]
+    before = dynamic_server.dynamic_counters()
+    # A wave of 8 runs mostly in plain mode (threshold 2); one request alone speculates.
+    wave = send(dynamic_server, prompts, lengths, len(prompts), top_logprobs_num=2)
+    alone = send(dynamic_server, prompts[:1], lengths[:1], 1, top_logprobs_num=2)
+    after = dynamic_server.dynamic_counters()
+    plain = send(tiny_servers["tiny_plain"], prompts, lengths, len(prompts), top_logprobs_num=2)
+
+    assert after["plain_steps"] > before.get("plain_steps", 0)
+    assert after["speculative_steps"] > before.get("speculative_steps", 0)
+    worst = 0.0
+    for output, reference in zip(wave + alone, plain + plain[:1]):
+        meta, reference_meta = output["meta_info"], reference["meta_info"]
+        assert output["output_ids"] == reference["output_ids"]
+        assert len(meta["output_token_logprobs"]) == len(output["output_ids"])
+        assert all(len(top) == 2 for top in meta["output_top_logprobs"])
+        for (logprob, token, _), (reference_logprob, reference_token, _) in zip(
+            meta["output_token_logprobs"], reference_meta["output_token_logprobs"]
+        ):
+            assert token == reference_token
+            worst = max(worst, abs(logprob - reference_logprob))
+    print(f"logprobs: largest difference from the plain server {worst:.2e}")
+    assert worst < LOGPROB_TOLERANCE
