@@ -16,6 +16,8 @@ from typing import Any, Tuple
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+from sglang_dynamic_eagle.policy import DecodeMode
+
 logger = logging.getLogger(__name__)
 
 
@@ -147,8 +149,10 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
     UpstreamReliance(
         target="sglang.srt.managers.scheduler_components.metrics_reporter."
         "SchedulerMetricsReporter.report_decode_stats",
-        how="AFTER hook logs the counters on the periodic decode log line's schedule",
-        why="no extension point for the decode log line",
+        how="AFTER hook logs the counters on the periodic decode log line's schedule and, "
+        "with --enable-metrics, updates their Prometheus metrics (prometheus_metrics.py) "
+        "with the labels of reporter.metrics_collector",
+        why="no extension point for the decode log line or for spec-worker metrics",
         drop_when="spec workers can append to the decode log line",
     ),
     UpstreamReliance(
@@ -195,7 +199,19 @@ def _log_counters_with_decode_stats(result, reporter, *args, **kwargs):
         and reporter.forward_ct_decode % reporter.decode_log_interval == 0
     ):
         logger.info(worker.counters.log_line())
+        if reporter.enable_metrics and reporter.metrics_collector is not None:
+            _export_metrics(worker, reporter.metrics_collector.labels)
     return result
+
+
+def _export_metrics(worker, labels) -> None:
+    from sglang_dynamic_eagle.prometheus_metrics import DynamicEagleMetrics
+
+    if worker.prometheus_metrics is None:
+        worker.prometheus_metrics = DynamicEagleMetrics(labels)
+    worker.prometheus_metrics.update(
+        worker.counters.snapshot(), speculative=worker.mode is DecodeMode.SPECULATIVE
+    )
 
 
 def install_hooks() -> None:

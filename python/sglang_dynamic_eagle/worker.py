@@ -49,6 +49,7 @@ from sglang_dynamic_eagle.plain_decode_graphs import (
     plain_decode_batch_sizes,
 )
 from sglang_dynamic_eagle.policy import DecodeMode, SwitchPolicy, SwitchPolicyConfig
+from sglang_dynamic_eagle.prometheus_metrics import DynamicEagleMetrics
 from sglang_dynamic_eagle.spec_algo import speculative_graph_max_bs
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._last_step_plain = False
         self._catchup_timings: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._catchup_gpu_ms = 0.0
+        self.prometheus_metrics: Optional[DynamicEagleMetrics] = None  # with --enable-metrics
 
     # -- start-up -------------------------------------------------------
 
@@ -232,6 +234,11 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self.counters.record_catchup(plan.num_tokens, plan.truncated_tokens)
 
     # -- reporting -------------------------------------------------------
+
+    @property
+    def mode(self) -> DecodeMode:
+        """The mode of the latest decode step (speculative before the first one)."""
+        return self._policy.mode
 
     def report(self) -> Dict[str, Union[int, float]]:
         """Counters plus the static facts of this server, for /get_server_info."""

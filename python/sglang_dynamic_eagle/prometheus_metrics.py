@@ -1,0 +1,62 @@
+"""Prometheus export of the EAGLE3_DYNAMIC counters, for servers started with --enable-metrics.
+
+sglang's scheduler processes write their metrics through prometheus_client's multiprocess mode
+and the HTTP server's /metrics endpoint merges them; metrics created here, in the scheduler
+process, are exported the same way, next to sglang's own `sglang:*` metrics and with the same
+labels. They are updated on the schedule of sglang's periodic decode log line
+(--decode-log-interval), by the hook in upstream_internals.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional
+
+METRIC_PREFIX = "sglang:dynamic_eagle_"
+
+# Counter snapshot key -> help text; exported as Prometheus counters `<prefix><key>_total`.
+COUNTERS: Dict[str, str] = {
+    "speculative_steps": "Decode steps that ran EAGLE-3 speculation.",
+    "plain_steps": "Decode steps that ran plain one-token decoding.",
+    "plain_graph_steps": "Plain decode steps that replayed a plain CUDA graph.",
+    "switches_to_plain": "Switches from speculative to plain decoding.",
+    "switches_to_speculative": "Switches from plain to speculative decoding.",
+    "catchup_forwards": "Draft-KV catch-up forwards run when speculation resumed.",
+    "catchup_tokens": "Positions caught up in the draft KV cache.",
+    "catchup_truncated_tokens": "Missed positions beyond the catch-up window (stale draft KV).",
+}
+
+
+class DynamicEagleMetrics:
+    """The Prometheus metrics of one scheduler process."""
+
+    def __init__(self, labels: Mapping[str, str], registry: Optional[Any] = None) -> None:
+        from prometheus_client import REGISTRY, Counter, Gauge
+
+        registry = REGISTRY if registry is None else registry
+        self._labels = dict(labels)
+        label_names = list(self._labels)
+        self._counters = {
+            key: Counter(METRIC_PREFIX + key, text, labelnames=label_names, registry=registry)
+            for key, text in COUNTERS.items()
+        }
+        self._exported = {key: 0 for key in COUNTERS}
+        self._speculative_mode = Gauge(
+            METRIC_PREFIX + "speculative_mode",
+            "1 while decode steps speculate, 0 while they decode plainly.",
+            labelnames=label_names, multiprocess_mode="mostrecent", registry=registry,
+        )
+        self._mean_accept_length = Gauge(
+            METRIC_PREFIX + "mean_accept_length",
+            "Tokens per request per speculative verify step, bonus included (plain steps excluded).",
+            labelnames=label_names, multiprocess_mode="mostrecent", registry=registry,
+        )
+
+    def update(self, snapshot: Mapping[str, float], speculative: bool) -> None:
+        """Bring the metrics up to a ModeCounters snapshot and the current mode."""
+        for key, counter in self._counters.items():
+            delta = snapshot[key] - self._exported[key]
+            if delta > 0:
+                counter.labels(**self._labels).inc(delta)
+                self._exported[key] = snapshot[key]
+        self._speculative_mode.labels(**self._labels).set(1 if speculative else 0)
+        self._mean_accept_length.labels(**self._labels).set(snapshot["mean_accept_length"])

@@ -1,0 +1,97 @@
+"""Prometheus export of the mode counters (--enable-metrics) and the decode-stats hook that drives it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sglang_dynamic_eagle import upstream_internals
+from sglang_dynamic_eagle.counters import ModeCounters
+from sglang_dynamic_eagle.policy import DecodeMode
+from sglang_dynamic_eagle.prometheus_metrics import COUNTERS, DynamicEagleMetrics
+
+LABELS = {"model_name": "m", "tp_rank": "0"}
+
+
+def sample(registry: CollectorRegistry, name: str) -> float:
+    return registry.get_sample_value(f"sglang:dynamic_eagle_{name}", LABELS)
+
+
+def counters_after(steps: list) -> ModeCounters:
+    counters = ModeCounters()
+    for mode, batch_size in steps:
+        counters.record_step(mode, batch_size, ran_graph=mode is DecodeMode.PLAIN)
+        if mode is DecodeMode.SPECULATIVE:
+            counters.record_result([2] * batch_size)
+        else:
+            counters.record_result([0] * batch_size)
+    return counters
+
+
+def test_counters_follow_snapshots_without_double_counting() -> None:
+    registry = CollectorRegistry()
+    metrics = DynamicEagleMetrics(LABELS, registry=registry)
+    counters = counters_after([(DecodeMode.SPECULATIVE, 2), (DecodeMode.PLAIN, 64)])
+    counters.record_switch(DecodeMode.PLAIN)
+    metrics.update(counters.snapshot(), speculative=False)
+    metrics.update(counters.snapshot(), speculative=False)
+    assert sample(registry, "speculative_steps_total") == 1
+    assert sample(registry, "plain_steps_total") == 1
+    assert sample(registry, "plain_graph_steps_total") == 1
+    assert sample(registry, "switches_to_plain_total") == 1
+    assert sample(registry, "speculative_mode") == 0
+    assert sample(registry, "mean_accept_length") == pytest.approx(3.0)
+
+    counters.record_step(DecodeMode.SPECULATIVE, 2, ran_graph=True)
+    counters.record_switch(DecodeMode.SPECULATIVE)
+    counters.record_catchup(tokens=6, truncated_tokens=1)
+    metrics.update(counters.snapshot(), speculative=True)
+    assert sample(registry, "speculative_steps_total") == 2
+    assert sample(registry, "switches_to_speculative_total") == 1
+    assert sample(registry, "catchup_tokens_total") == 6
+    assert sample(registry, "catchup_truncated_tokens_total") == 1
+    assert sample(registry, "speculative_mode") == 1
+
+
+def test_every_exported_counter_is_in_the_snapshot() -> None:
+    assert set(COUNTERS) <= set(ModeCounters().snapshot())
+
+
+class _FakeWorker:
+    def __init__(self, mode: DecodeMode) -> None:
+        self.counters = counters_after([(DecodeMode.PLAIN, 8)])
+        self.mode = mode
+        self.prometheus_metrics = None
+
+
+def _reporter(enable_metrics: bool, forward_ct_decode: int) -> SimpleNamespace:
+    return SimpleNamespace(
+        scheduler=object(), is_stats_logging_rank=True, forward_ct_decode=forward_ct_decode,
+        decode_log_interval=40, enable_metrics=enable_metrics,
+        metrics_collector=SimpleNamespace(labels=LABELS) if enable_metrics else None,
+    )
+
+
+def test_decode_stats_hook_exports_only_with_metrics_on_the_log_schedule(monkeypatch) -> None:
+    registry = CollectorRegistry()
+    created = []
+
+    def metrics_in_test_registry(labels):
+        created.append(DynamicEagleMetrics(labels, registry=registry))
+        return created[-1]
+
+    monkeypatch.setattr("sglang_dynamic_eagle.prometheus_metrics.DynamicEagleMetrics", metrics_in_test_registry)
+    worker = _FakeWorker(DecodeMode.PLAIN)
+    monkeypatch.setattr(upstream_internals, "_dynamic_worker", lambda scheduler: worker)
+
+    upstream_internals._log_counters_with_decode_stats(None, _reporter(False, 40))
+    assert worker.prometheus_metrics is None
+    upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 41))
+    assert worker.prometheus_metrics is None
+    upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 80))
+    upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 120))
+    assert len(created) == 1 and worker.prometheus_metrics is created[0]
+    assert sample(registry, "plain_steps_total") == 1
+    assert sample(registry, "speculative_mode") == 0
