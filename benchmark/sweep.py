@@ -213,8 +213,8 @@ def config_record(plan: SweepPlan, command: list[str]) -> dict:
 
 def config_window_s(min_window_s: float, previous_config_s: float | None) -> float:
     """Time budget a configuration needs before its server is started: as long as the previous
-    configuration took (start-up, warm-up and runs), and at least `min_window_s`. Starting a
-    server whose runs the budget then cuts only burns GPU time."""
+    configuration that ran took (start-up, warm-up and runs), and at least `min_window_s`.
+    Starting a server whose runs the budget then cuts only burns GPU time."""
     return max(min_window_s, previous_config_s or 0.0)
 
 
@@ -356,7 +356,7 @@ def command_run(args: argparse.Namespace) -> int:
             started = time.monotonic()
             window_s = config_window_s(plan.min_config_window_s, previous_config_s)
             tails[config] = sweep_config(plan, config, document, out_dir, scratch, deadline, window_s)
-            if document["configs"][config]["status"] != "skipped":
+            if document["configs"][config]["status"] == results.RUN_OK:
                 previous_config_s = time.monotonic() - started
             results.save_results(document, out_dir / RESULTS_FILE)
     finally:

@@ -608,3 +608,21 @@ def test_driver_runs_every_group_with_its_own_flags(monkeypatch):
         ["--measured", "--max-concurrency", "4", "--num-prompts", "8"],
     ]
     assert serving.flush_server_cache is bench_driver.flush_when_idle
+
+
+def test_driver_goes_on_after_bench_serving_exits(monkeypatch):
+    from sglang.benchmark import serving
+
+    calls = []
+
+    def cli_main():
+        calls.append(sys.argv[1:])
+        if "--warm" in sys.argv:
+            sys.exit(1)  # what bench_serving does when the server is not ready
+
+    monkeypatch.setattr(serving, "flush_server_cache", serving.flush_server_cache)
+    monkeypatch.setattr(serving, "cli_main", cli_main)
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+    argv = ["1:1", "--", "--warm", bench_driver.GROUP_SEPARATOR, "1:4", "--", "--measured"]
+    assert bench_driver.main(argv) == 1
+    assert [call[0] for call in calls] == ["--warm", "--measured"]

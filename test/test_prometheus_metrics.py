@@ -59,11 +59,18 @@ def test_every_exported_counter_is_in_the_snapshot() -> None:
     assert set(COUNTERS) <= set(ModeCounters().snapshot())
 
 
+def test_every_series_exists_before_its_first_increment() -> None:
+    registry = CollectorRegistry()
+    DynamicEagleMetrics(LABELS, registry=registry)
+    assert all(sample(registry, f"{key}_total") == 0 for key in COUNTERS)
+
+
 class _FakeWorker:
     def __init__(self, mode: DecodeMode) -> None:
         self.counters = counters_after([(DecodeMode.PLAIN, 8)])
         self.mode = mode
         self.prometheus_metrics = None
+        self.prometheus_export_enabled = True
 
 
 def _reporter(enable_metrics: bool, forward_ct_decode: int) -> SimpleNamespace:
@@ -95,3 +102,16 @@ def test_decode_stats_hook_exports_only_with_metrics_on_the_log_schedule(monkeyp
     assert len(created) == 1 and worker.prometheus_metrics is created[0]
     assert sample(registry, "plain_steps_total") == 1
     assert sample(registry, "speculative_mode") == 0
+
+
+def test_a_failing_export_is_switched_off_not_raised(monkeypatch, caplog) -> None:
+    def broken(labels):
+        raise ValueError("Duplicated timeseries in CollectorRegistry")
+
+    monkeypatch.setattr("sglang_dynamic_eagle.prometheus_metrics.DynamicEagleMetrics", broken)
+    worker = _FakeWorker(DecodeMode.SPECULATIVE)
+    monkeypatch.setattr(upstream_internals, "_dynamic_worker", lambda scheduler: worker)
+    upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 40))
+    upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 80))
+    assert worker.prometheus_export_enabled is False
+    assert sum("Prometheus export failed" in record.getMessage() for record in caplog.records) == 1

@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
         print(f"bench_driver: concurrency {concurrency}, {prompts} prompts", flush=True)
         try:
             serving.cli_main()
-        except Exception:  # one failed concurrency must not stop the others
+        except (Exception, SystemExit):  # bench_serving sys.exit()s on some errors; one failed run must not stop the others
             failures += 1
             traceback.print_exc()
             print(f"bench_driver: concurrency {concurrency} failed", flush=True)

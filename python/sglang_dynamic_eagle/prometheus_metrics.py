@@ -40,6 +40,8 @@ class DynamicEagleMetrics:
             for key, text in COUNTERS.items()
         }
         self._exported = {key: 0 for key in COUNTERS}
+        for counter in self._counters.values():
+            counter.labels(**self._labels)  # every series exists from the start, at 0
         self._speculative_mode = Gauge(
             METRIC_PREFIX + "speculative_mode",
             "1 while decode steps speculate, 0 while they decode plainly.",

@@ -68,6 +68,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._catchup_timings: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._catchup_gpu_ms = 0.0
         self.prometheus_metrics: Optional[DynamicEagleMetrics] = None  # with --enable-metrics
+        self.prometheus_export_enabled = True
 
     # -- start-up -------------------------------------------------------
 
