@@ -10,13 +10,17 @@ from prometheus_client import CollectorRegistry
 from sglang_dynamic_eagle import upstream_internals
 from sglang_dynamic_eagle.counters import ModeCounters
 from sglang_dynamic_eagle.policy import DecodeMode
-from sglang_dynamic_eagle.prometheus_metrics import COUNTERS, DynamicEagleMetrics
+from sglang_dynamic_eagle.prometheus_metrics import COUNTERS, DynamicEagleMetrics, MetricsExport
 
 LABELS = {"model_name": "m", "tp_rank": "0"}
 
 
 def sample(registry: CollectorRegistry, name: str) -> float:
     return registry.get_sample_value(f"sglang:dynamic_eagle_{name}", LABELS)
+
+
+def assert_samples(registry: CollectorRegistry, expected: dict) -> None:
+    assert {name: sample(registry, name) for name in expected} == expected
 
 
 def counters_after(steps: list) -> ModeCounters:
@@ -37,22 +41,20 @@ def test_counters_follow_snapshots_without_double_counting() -> None:
     counters.record_switch(DecodeMode.PLAIN)
     metrics.update(counters.snapshot(), speculative=False)
     metrics.update(counters.snapshot(), speculative=False)
-    assert sample(registry, "speculative_steps_total") == 1
-    assert sample(registry, "plain_steps_total") == 1
-    assert sample(registry, "plain_graph_steps_total") == 1
-    assert sample(registry, "switches_to_plain_total") == 1
-    assert sample(registry, "speculative_mode") == 0
+    assert_samples(registry, {
+        "speculative_steps_total": 1, "plain_steps_total": 1, "plain_graph_steps_total": 1,
+        "switches_to_plain_total": 1, "speculative_mode": 0,
+    })
     assert sample(registry, "mean_accept_length") == pytest.approx(3.0)
 
     counters.record_step(DecodeMode.SPECULATIVE, 2, ran_graph=True)
     counters.record_switch(DecodeMode.SPECULATIVE)
     counters.record_catchup(tokens=6, truncated_tokens=1)
     metrics.update(counters.snapshot(), speculative=True)
-    assert sample(registry, "speculative_steps_total") == 2
-    assert sample(registry, "switches_to_speculative_total") == 1
-    assert sample(registry, "catchup_tokens_total") == 6
-    assert sample(registry, "catchup_truncated_tokens_total") == 1
-    assert sample(registry, "speculative_mode") == 1
+    assert_samples(registry, {
+        "speculative_steps_total": 2, "switches_to_speculative_total": 1,
+        "catchup_tokens_total": 6, "catchup_truncated_tokens_total": 1, "speculative_mode": 1,
+    })
 
 
 def test_every_exported_counter_is_in_the_snapshot() -> None:
@@ -69,8 +71,7 @@ class _FakeWorker:
     def __init__(self, mode: DecodeMode) -> None:
         self.counters = counters_after([(DecodeMode.PLAIN, 8)])
         self.mode = mode
-        self.prometheus_metrics = None
-        self.prometheus_export_enabled = True
+        self.metrics_export = MetricsExport()
 
 
 def _reporter(enable_metrics: bool, forward_ct_decode: int) -> SimpleNamespace:
@@ -85,7 +86,7 @@ def test_decode_stats_hook_exports_only_with_metrics_on_the_log_schedule(monkeyp
     registry = CollectorRegistry()
     created = []
 
-    def metrics_in_test_registry(labels):
+    def metrics_in_test_registry(labels, _registry=None):
         created.append(DynamicEagleMetrics(labels, registry=registry))
         return created[-1]
 
@@ -94,18 +95,18 @@ def test_decode_stats_hook_exports_only_with_metrics_on_the_log_schedule(monkeyp
     monkeypatch.setattr(upstream_internals, "_dynamic_worker", lambda scheduler: worker)
 
     upstream_internals._log_counters_with_decode_stats(None, _reporter(False, 40))
-    assert worker.prometheus_metrics is None
+    assert not created
     upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 41))
-    assert worker.prometheus_metrics is None
+    assert not created
     upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 80))
     upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 120))
-    assert len(created) == 1 and worker.prometheus_metrics is created[0]
+    assert len(created) == 1 and worker.metrics_export.enabled
     assert sample(registry, "plain_steps_total") == 1
     assert sample(registry, "speculative_mode") == 0
 
 
 def test_a_failing_export_is_switched_off_not_raised(monkeypatch, caplog) -> None:
-    def broken(labels):
+    def broken(labels, registry=None):
         raise ValueError("Duplicated timeseries in CollectorRegistry")
 
     monkeypatch.setattr("sglang_dynamic_eagle.prometheus_metrics.DynamicEagleMetrics", broken)
@@ -113,5 +114,5 @@ def test_a_failing_export_is_switched_off_not_raised(monkeypatch, caplog) -> Non
     monkeypatch.setattr(upstream_internals, "_dynamic_worker", lambda scheduler: worker)
     upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 40))
     upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 80))
-    assert worker.prometheus_export_enabled is False
+    assert worker.metrics_export.enabled is False
     assert sum("Prometheus export failed" in record.getMessage() for record in caplog.records) == 1

@@ -9,7 +9,10 @@ labels. They are updated on the schedule of sglang's periodic decode log line
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, Mapping, Optional
+
+logger = logging.getLogger(__name__)
 
 METRIC_PREFIX = "sglang:dynamic_eagle_"
 
@@ -62,3 +65,25 @@ class DynamicEagleMetrics:
                 self._exported[key] = snapshot[key]
         self._speculative_mode.labels(**self._labels).set(1 if speculative else 0)
         self._mean_accept_length.labels(**self._labels).set(snapshot["mean_accept_length"])
+
+
+class MetricsExport:
+    """One worker's export. The metrics are created on the first update, with the labels of
+    sglang's collector. Updates run inside the scheduler loop, where HookRegistry catches
+    nothing: a failure is logged once and ends the export instead of stopping the server."""
+
+    def __init__(self, registry: Optional[Any] = None) -> None:
+        self._registry = registry
+        self._metrics: Optional[DynamicEagleMetrics] = None
+        self.enabled = True
+
+    def update(self, labels: Mapping[str, str], snapshot: Mapping[str, float], speculative: bool) -> None:
+        if not self.enabled:
+            return
+        try:
+            if self._metrics is None:
+                self._metrics = DynamicEagleMetrics(labels, self._registry)
+            self._metrics.update(snapshot, speculative)
+        except Exception:
+            logger.exception("EAGLE3_DYNAMIC: Prometheus export failed; it stays off in this process")
+            self.enabled = False

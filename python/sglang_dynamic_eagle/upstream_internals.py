@@ -200,26 +200,12 @@ def _log_counters_with_decode_stats(result, reporter, *args, **kwargs):
     ):
         logger.info(worker.counters.log_line())
         if reporter.enable_metrics and reporter.metrics_collector is not None:
-            _export_metrics(worker, reporter.metrics_collector.labels)
+            worker.metrics_export.update(
+                reporter.metrics_collector.labels,
+                worker.counters.snapshot(),
+                speculative=worker.mode is DecodeMode.SPECULATIVE,
+            )
     return result
-
-
-def _export_metrics(worker, labels) -> None:
-    """Runs inside the scheduler loop, where HookRegistry catches nothing: a failure is logged
-    once and ends the export for this process instead of stopping the server."""
-    from sglang_dynamic_eagle.prometheus_metrics import DynamicEagleMetrics
-
-    if not worker.prometheus_export_enabled:
-        return
-    try:
-        if worker.prometheus_metrics is None:
-            worker.prometheus_metrics = DynamicEagleMetrics(labels)
-        worker.prometheus_metrics.update(
-            worker.counters.snapshot(), speculative=worker.mode is DecodeMode.SPECULATIVE
-        )
-    except Exception:
-        logger.exception("EAGLE3_DYNAMIC: Prometheus export failed; it stays off in this process")
-        worker.prometheus_export_enabled = False
 
 
 def install_hooks() -> None:

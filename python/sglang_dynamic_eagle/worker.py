@@ -49,7 +49,7 @@ from sglang_dynamic_eagle.plain_decode_graphs import (
     plain_decode_batch_sizes,
 )
 from sglang_dynamic_eagle.policy import DecodeMode, SwitchPolicy, SwitchPolicyConfig
-from sglang_dynamic_eagle.prometheus_metrics import DynamicEagleMetrics
+from sglang_dynamic_eagle.prometheus_metrics import MetricsExport
 from sglang_dynamic_eagle.spec_algo import speculative_graph_max_bs
 
 logger = logging.getLogger(__name__)
@@ -67,8 +67,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._last_step_plain = False
         self._catchup_timings: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._catchup_gpu_ms = 0.0
-        self.prometheus_metrics: Optional[DynamicEagleMetrics] = None  # with --enable-metrics
-        self.prometheus_export_enabled = True
+        self.metrics_export = MetricsExport()  # used with --enable-metrics
 
     # -- start-up -------------------------------------------------------
 

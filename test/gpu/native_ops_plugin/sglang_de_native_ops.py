@@ -25,14 +25,11 @@ def register() -> None:
     from sglang.srt.layers.utils.multi_platform import MultiPlatformOp
 
     platform_dispatch = MultiPlatformOp.dispatch_forward
-    if getattr(platform_dispatch, "_native_ops_test_plugin", False):
-        return
 
     def dispatch_native(self: MultiPlatformOp) -> Callable:
         if type(self).forward_native is MultiPlatformOp.forward_native:
             return platform_dispatch(self)
         return self.forward_native
 
-    dispatch_native._native_ops_test_plugin = True
     MultiPlatformOp.dispatch_forward = dispatch_native
     logger.warning("%s=1: sglang custom ops run their pure-torch forward_native (test only)", ENABLE_ENV)
