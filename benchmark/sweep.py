@@ -37,9 +37,9 @@ WARMUP_OUTPUT_LEN = 16
 FULL_DEFAULTS = {
     "concurrencies": "1,4,16,64,128",
     "output_len": 256,
-    "waves": 3,
-    "min_prompts": 8,
-    "probe_requests": 3,
+    "waves": 2,
+    "min_prompts": 4,
+    "probe_requests": 0,
 }
 QUICK_DEFAULTS = {
     "concurrencies": "1,64",
