@@ -22,8 +22,11 @@ OPTIONAL_COUNTER_FIELDS: tuple[str, ...] = (
     "catchup_forwards",
     "catchup_truncated_tokens",
     "catchup_gpu_ms",
+    "speculative_verified_requests",
+    "speculative_accepted_tokens",
 )
 MEAN_ACCEPT_FIELD = "mean_accept_length"
+RUN_ACCEPT_FIELD = "speculative_accept_length"
 POLICY_FIELDS: tuple[str, ...] = ("disable_batch_threshold", "enable_batch_threshold", "switch_patience")
 
 
@@ -48,7 +51,8 @@ def counter_delta(before: dict | None, after: dict | None) -> dict | None:
 
     If any required counter went down, the counters were reset in between, so the `after`
     values alone are the run's counts. mean_accept_length is the plugin's running value at
-    `after` (over the server's lifetime), not a per-run figure.
+    `after` (over the server's lifetime); speculative_accept_length is the run's own figure
+    (tokens per request per speculative step), where the plugin reports the counts behind it.
     """
     if before is None or after is None:
         return None
@@ -59,7 +63,17 @@ def counter_delta(before: dict | None, after: dict | None) -> dict | None:
     delta["speculative_step_fraction"] = delta["speculative_steps"] / steps if steps else None
     delta["counters_reset_during_run"] = was_reset
     delta[MEAN_ACCEPT_FIELD] = after.get(MEAN_ACCEPT_FIELD)
+    verified = delta.get("speculative_verified_requests")
+    delta[RUN_ACCEPT_FIELD] = delta["speculative_accepted_tokens"] / verified if verified else None
     return delta
+
+
+def run_delta(mode_counter_record: dict | None) -> dict | None:
+    """A run's counter change, recomputed from its two snapshots where the record has them (so
+    reports of older result files gain fields added since), else the stored change."""
+    record = mode_counter_record or {}
+    recomputed = counter_delta(record.get("before"), record.get("after"))
+    return recomputed if recomputed is not None else record.get("delta")
 
 
 def policy_settings(counters: dict | None) -> dict:
