@@ -628,21 +628,23 @@ def test_driver_goes_on_after_bench_serving_exits(monkeypatch):
     assert [call[0] for call in calls] == ["--warm", "--measured"]
 
 
+SPEC_COUNTS_BEFORE = {**counters(10, 0), "speculative_verified_requests": 40,
+                      "speculative_accepted_tokens": 100}
+SPEC_COUNTS_AFTER = {**counters(30, 5), "speculative_verified_requests": 100,
+                     "speculative_accepted_tokens": 280}
+
+
 def test_speculative_acceptance_of_a_run_comes_from_its_own_counts():
-    before = {**counters(10, 0), "speculative_verified_requests": 40, "speculative_accepted_tokens": 100}
-    after = {**counters(30, 5), "speculative_verified_requests": 100, "speculative_accepted_tokens": 280}
-    delta = mode_counters.counter_delta(before, after)
+    delta = mode_counters.counter_delta(SPEC_COUNTS_BEFORE, SPEC_COUNTS_AFTER)
     assert delta["speculative_accept_length"] == pytest.approx(180 / 60)
-    only_plain = mode_counters.counter_delta(after, {**after, "plain_steps": 50})
+    only_plain = mode_counters.counter_delta(SPEC_COUNTS_AFTER, {**SPEC_COUNTS_AFTER, "plain_steps": 50})
     assert only_plain["speculative_accept_length"] is None
     assert mode_counters.counter_delta(counters(1, 0), counters(2, 0))["speculative_accept_length"] is None
 
 
 def test_report_recomputes_a_runs_counter_change_from_its_snapshots():
-    before = {**counters(10, 0), "speculative_verified_requests": 40, "speculative_accepted_tokens": 100}
-    after = {**counters(30, 5), "speculative_verified_requests": 100, "speculative_accepted_tokens": 280}
     stale = mode_counters.counter_delta(counters(10, 0), counters(30, 5))
-    assert mode_counters.run_delta({"before": before, "after": after, "delta": stale})[
-        "speculative_accept_length"] == pytest.approx(3.0)
+    record = {"before": SPEC_COUNTS_BEFORE, "after": SPEC_COUNTS_AFTER, "delta": stale}
+    assert mode_counters.run_delta(record)["speculative_accept_length"] == pytest.approx(3.0)
     assert mode_counters.run_delta({"before": None, "after": None, "delta": stale}) == stale
     assert mode_counters.run_delta(None) is None
