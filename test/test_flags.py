@@ -38,14 +38,18 @@ def _parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------- defaults and rules
 
 
-def test_defaults_come_from_policy():
+def test_default_is_the_automatic_policy():
     assert flags.DEFAULT_FLAGS == DynamicEagleFlags(
-        disable_batch_threshold=policy.DEFAULT_DISABLE_BATCH_THRESHOLD,
-        enable_batch_threshold=policy.DEFAULT_ENABLE_BATCH_THRESHOLD,
+        disable_batch_threshold=None,
+        enable_batch_threshold=None,
         switch_patience=policy.DEFAULT_SWITCH_PATIENCE,
     )
-    assert flags.DEFAULT_FLAGS == DynamicEagleFlags(24, 16, 4)
+    assert flags.DEFAULT_FLAGS.automatic
+    assert flags.DEFAULT_FLAGS == DynamicEagleFlags(None, None, 4)
     assert flags.resolve_flags() == flags.DEFAULT_FLAGS
+    assert flags.resolve_flags(disable_batch_threshold="auto") == flags.DEFAULT_FLAGS
+    assert flags.resolve_flags(disable_batch_threshold=" AUTO ") == flags.DEFAULT_FLAGS
+    assert json.loads(flags.DEFAULT_FLAGS.to_json())["disable_batch_threshold"] == "auto"
 
 
 @pytest.mark.parametrize(
@@ -58,8 +62,8 @@ def test_enable_threshold_derived_when_only_disable_given(n, expected_m):
 
 def test_explicit_enable_threshold_is_kept():
     assert flags.resolve_flags(8, 8, 1) == DynamicEagleFlags(8, 8, 1)
-    # Only M given: N keeps its default.
-    assert flags.resolve_flags(enable_batch_threshold=3) == DynamicEagleFlags(24, 3, 4)
+    # Only M given: N stays automatic; validate_server_args refuses the pair for EAGLE3_DYNAMIC.
+    assert flags.resolve_flags(enable_batch_threshold=3) == DynamicEagleFlags(None, 3, 4)
 
 
 @given(st.integers(min_value=1, max_value=10_000))
@@ -68,7 +72,7 @@ def test_derived_enable_threshold_is_valid_for_every_n(n):
     assert 1 <= m <= n
     assert m <= policy.DEFAULT_ENABLE_BATCH_THRESHOLD
     # The derived flags are accepted by the policy's own config check.
-    policy.SwitchPolicyConfig(n, m, 1, max_speculative_batch=max(n, 1))
+    policy.ThresholdPolicyConfig(n, m, 1, max_speculative_batch=max(n, 1))
 
 
 @pytest.mark.parametrize(
@@ -121,7 +125,8 @@ def test_help_states_defaults_and_algorithm():
     for flag in (DISABLE_FLAG, ENABLE_FLAG, PATIENCE_FLAG):
         assert flag in text
     assert "EAGLE3_DYNAMIC" in text
-    assert "Default: 24" in text and "Default: 16" in text and "Default: 4" in text
+    assert "'auto' (the default)" in text and "Default: 4" in text
+    assert "2*N//3" in text
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from sglang_dynamic_eagle.plain_decode_graphs import plain_decode_batch_sizes
-from sglang_dynamic_eagle.worker import _turn_into_decode_batch
+from sglang_dynamic_eagle.plain_step import turn_into_decode_batch as _turn_into_decode_batch
 
 
 @dataclass
@@ -105,12 +105,12 @@ class FakeRunner:
 
 
 def test_plain_sampling_reports_logprobs_of_the_adjusted_logits():
-    from sglang_dynamic_eagle.worker import DynamicEagleWorker
+    from sglang_dynamic_eagle.plain_step import PlainDecodeStep
 
-    worker = object.__new__(DynamicEagleWorker)
+    step = object.__new__(PlainDecodeStep)
     runner = FakeRunner()
-    worker._target_worker = SimpleNamespace(model_runner=runner)
-    worker._row_index = torch.arange(8)
+    step._target_worker = SimpleNamespace(model_runner=runner)
+    step._row_index = torch.arange(8)
     logits = torch.tensor([[1.0, 2.0, 0.0], [0.0, 9.0, 1.0]])
     logits_output = SimpleNamespace(next_token_logits=logits.clone())
     batch = SimpleNamespace(
@@ -122,7 +122,7 @@ def test_plain_sampling_reports_logprobs_of_the_adjusted_logits():
     )
     forward_batch = SimpleNamespace(sampling_info=batch.sampling_info, positions=torch.tensor([5, 6]))
 
-    next_ids = worker._sample(batch, forward_batch, logits_output)
+    next_ids = step._sample(batch, forward_batch, logits_output)
 
     assert runner.calls == ["preprocess", "sample", "ngram"]
     assert next_ids.tolist() == [0, 1]  # token 0 wins row 0 only because of the bias

@@ -1,4 +1,4 @@
-"""Tests for the EAGLE3_DYNAMIC switching policy (pure Python, no GPU)."""
+"""Tests for the fixed-threshold switching policy (pure Python, no GPU)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,47 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sglang_dynamic_eagle.flags import derived_enable_threshold
 from sglang_dynamic_eagle.policy import (
-    DEFAULT_DISABLE_BATCH_THRESHOLD,
-    DEFAULT_ENABLE_BATCH_THRESHOLD,
     DEFAULT_SWITCH_PATIENCE,
     DecodeMode,
-    SwitchPolicy,
-    SwitchPolicyConfig,
+    StepObservation,
+    ThresholdPolicy,
+    ThresholdPolicyConfig,
 )
 
 SPEC = DecodeMode.SPECULATIVE
 PLAIN = DecodeMode.PLAIN
+SwitchPolicyConfig = ThresholdPolicyConfig
 
 N, M, K = 24, 16, 4
+
+
+class SwitchPolicy:
+    """A ThresholdPolicy fed batch sizes, counting its switches as the worker does."""
+
+    def __init__(self, config: SwitchPolicyConfig, initial: DecodeMode = SPEC) -> None:
+        self._policy = ThresholdPolicy(config, initial)
+        self.switches_to_plain = 0
+        self.switches_to_speculative = 0
+
+    @property
+    def mode(self) -> DecodeMode:
+        return self._policy.mode
+
+    @property
+    def config(self) -> SwitchPolicyConfig:
+        return self._policy.config
+
+    def observe(self, batch_size: int) -> DecodeMode:
+        before = self._policy.mode
+        mode = self._policy.decide(StepObservation(batch_size))
+        if mode is not before:
+            if mode is PLAIN:
+                self.switches_to_plain += 1
+            else:
+                self.switches_to_speculative += 1
+        return mode
 
 
 def make(
@@ -53,10 +81,10 @@ def switch_steps(initial: DecodeMode, modes: list[DecodeMode]) -> list[int]:
 # --------------------------------------------------------------------------- defaults
 
 
-def test_defaults_form_a_valid_band() -> None:
+def test_threshold_24_forms_a_valid_band() -> None:
     config = SwitchPolicyConfig(
-        DEFAULT_DISABLE_BATCH_THRESHOLD,
-        DEFAULT_ENABLE_BATCH_THRESHOLD,
+        24,
+        derived_enable_threshold(24),
         DEFAULT_SWITCH_PATIENCE,
         max_speculative_batch=64,
     )
@@ -70,7 +98,7 @@ def test_defaults_form_a_valid_band() -> None:
 def test_initial_mode_and_properties() -> None:
     config = SwitchPolicyConfig(N, M, K, 64)
     assert SwitchPolicy(config).mode is SPEC
-    policy = SwitchPolicy(config, initial_mode=PLAIN)
+    policy = SwitchPolicy(config, PLAIN)
     assert policy.mode is PLAIN
     assert policy.config is config
     assert (policy.switches_to_plain, policy.switches_to_speculative) == (0, 0)

@@ -73,6 +73,9 @@ class _FakeWorker:
         self.mode = mode
         self.metrics_export = MetricsExport()
 
+    def report(self) -> dict:
+        return {**self.counters.snapshot(), "crossover_batch": 12, "acceptance_estimate": 2.5}
+
 
 def _reporter(enable_metrics: bool, forward_ct_decode: int) -> SimpleNamespace:
     return SimpleNamespace(

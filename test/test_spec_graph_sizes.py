@@ -58,7 +58,7 @@ def test_speculative_graph_max_bs(threshold: int, graph_max_bs: int, expected: i
 
 def test_current_flags_defaults_without_env() -> None:
     assert current_flags() == DynamicEagleFlags(
-        disable_batch_threshold=24, enable_batch_threshold=16, switch_patience=4
+        disable_batch_threshold=None, enable_batch_threshold=None, switch_patience=4
     )
 
 

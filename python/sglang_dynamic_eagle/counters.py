@@ -1,7 +1,7 @@
 """Mode counters for EAGLE3_DYNAMIC: what tests, the benchmark and operators read.
 
 Pure Python. The worker updates them on the scheduler's CPU thread; they are
-exported under the ``dynamic_eagle`` key of ``/get_server_info`` and logged
+exported under the ``dynamic_eagle`` key of ``/server_info`` and logged
 with sglang's periodic decode log line.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, Sequence, Union
+from typing import Deque, Dict, Optional, Sequence, Union
 
 from sglang_dynamic_eagle.policy import DecodeMode
 
@@ -52,20 +52,22 @@ class ModeCounters:
         self.catchup_tokens += tokens
         self.catchup_truncated_tokens += truncated_tokens
 
-    def record_result(self, num_correct_drafts_per_req: Sequence[int]) -> None:
-        """Attribute one processed decode result to the step that produced it.
+    def record_result(self, num_correct_drafts_per_req: Sequence[int]) -> Optional[DecodeMode]:
+        """Attribute one processed decode result to the step that produced it; returns
+        that step's mode (None for a result with no pending step).
 
         Results are processed in launch order, so the oldest pending mode is
         the one this result belongs to. Plain results carry no acceptance.
         """
         if not self._pending_modes:
-            return
+            return None
         mode = self._pending_modes.popleft()
         if mode == DecodeMode.SPECULATIVE:
             self.speculative_verified_requests += len(num_correct_drafts_per_req)
             self.speculative_accepted_tokens += sum(num_correct_drafts_per_req) + len(
                 num_correct_drafts_per_req
             )
+        return mode
 
     @property
     def mean_accept_length(self) -> float:

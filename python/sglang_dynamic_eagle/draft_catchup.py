@@ -20,10 +20,16 @@ import copy
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 import torch
+from sglang.srt.layers.moe.utils import (
+    speculative_moe_a2a_backend_context,
+    speculative_moe_backend_context,
+)
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+from sglang_dynamic_eagle.step_costs import GpuIntervals
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -91,6 +97,7 @@ class DraftCatchup:
         )
         self._missed = [0] * req_pool_size
         self.device = device
+        self.gpu_time = GpuIntervals()
 
     @property
     def stash_bytes(self) -> int:
@@ -125,6 +132,31 @@ class DraftCatchup:
                 lengths.append(min(missed, self.window))
                 truncated += max(0, missed - self.window)
         return CatchupPlan(rows=rows, lengths=lengths, truncated_tokens=truncated)
+
+    def catch_up(
+        self, draft_worker, batch: ScheduleBatch, plan_stream: Optional[torch.cuda.Stream]
+    ) -> Optional[CatchupPlan]:
+        """Before a speculative step: rebuild the draft KV its requests missed in plain
+        steps, timed on the GPU (``gpu_time``). Returns the plan, or None if nothing was
+        missing."""
+        if batch.spec_info is None:
+            return None
+        plan = self.plan([req.req_pool_idx for req in batch.reqs])
+        if not plan.rows:
+            return None
+        start = self.gpu_time.start()
+        with (
+            draft_worker.draft_tp_context(draft_worker.draft_runner.tp_group),
+            speculative_moe_backend_context(),
+            speculative_moe_a2a_backend_context(),
+        ):
+            self.run(draft_worker, batch, plan)
+        self.gpu_time.stop(start)
+        if plan_stream is not None:
+            # The draft extend later in this step plans the same draft attention
+            # backend on the plan stream; it must not overtake the catch-up.
+            plan_stream.wait_stream(torch.cuda.current_stream())
+        return plan
 
     def run(self, draft_worker, batch: ScheduleBatch, plan: CatchupPlan) -> None:
         """Rebuild the missed draft KV and the draft fields of ``batch.spec_info``."""

@@ -2,13 +2,16 @@
 
 Flags (only used with ``--speculative-algorithm EAGLE3_DYNAMIC``):
 
-* ``--speculative-disable-batch-threshold N`` (default 24): speculation turns off when the
-  running decode batch is larger than N for K consecutive decode steps. 0 = always
-  speculate (except above the largest speculative CUDA-graph batch).
-* ``--speculative-enable-batch-threshold M`` (default 16): speculation turns back on only
-  when the batch is at most M for K consecutive decode steps; M <= N. When N is given
-  and M is not, M = max(1, min(16, 2*N // 3)).
-* ``--speculative-switch-patience K`` (default 4, >= 1).
+* ``--speculative-disable-batch-threshold auto|N`` (default ``auto``): ``auto`` decides every
+  decode step from the measured step costs and acceptance (``auto_policy``). A number N uses
+  fixed thresholds instead: speculation turns off when the running decode batch is larger than
+  N for K consecutive decode steps; 0 = always speculate (except above the largest speculative
+  CUDA-graph batch).
+* ``--speculative-enable-batch-threshold M`` (fixed thresholds only): speculation turns back on
+  only when the batch is at most M for K consecutive decode steps; M <= N. When N is given and
+  M is not, M = max(1, min(16, 2*N // 3)).
+* ``--speculative-switch-patience K`` (default 4, >= 1): consecutive qualifying decode steps
+  before the mode changes, in both policies.
 
 The values are not ``ServerArgs`` fields (``ServerArgs.from_cli_args`` copies dataclass
 fields only), so they travel in the environment instead:
@@ -23,8 +26,8 @@ fields only), so they travel in the environment instead:
 
 With the Python API (``sglang.Engine(...)``) no command line is parsed: set ``ENV_VAR``
 yourself before creating the engine (e.g.
-``os.environ[ENV_VAR] = '{"disable_batch_threshold": 32}'``; missing keys take the
-defaults and the rule above), or leave it unset to get the defaults.
+``os.environ[ENV_VAR] = '{"disable_batch_threshold": 32}'``, or ``"auto"``; missing keys take
+the defaults and the rule above), or leave it unset to get the defaults.
 
 On the command line the flags (or, when absent, their defaults) always win: the
 ``from_cli_args`` hook overwrites ``ENV_VAR``.
@@ -37,12 +40,16 @@ import json
 import logging
 import os
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any, Callable, Mapping, Optional
 
 from sglang_dynamic_eagle.policy import (
-    DEFAULT_DISABLE_BATCH_THRESHOLD,
     DEFAULT_ENABLE_BATCH_THRESHOLD,
     DEFAULT_SWITCH_PATIENCE,
+    DISABLE_FLAG,
+    ENABLE_FLAG,
+    PATIENCE_FLAG,
+    check_int_at_least,
 )
 
 logger = logging.getLogger(__name__)
@@ -50,9 +57,7 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "SGLANG_DYNAMIC_EAGLE_FLAGS"
 ALGORITHM_NAME = "EAGLE3_DYNAMIC"
 
-DISABLE_FLAG = "--speculative-disable-batch-threshold"
-ENABLE_FLAG = "--speculative-enable-batch-threshold"
-PATIENCE_FLAG = "--speculative-switch-patience"
+AUTO = "auto"
 
 # argparse destinations (attribute names on the parsed namespace)
 DISABLE_DEST = "speculative_disable_batch_threshold"
@@ -72,17 +77,24 @@ _FROM_CLI_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.from_cli_args"
 
 @dataclass(frozen=True)
 class DynamicEagleFlags:
-    disable_batch_threshold: int
-    enable_batch_threshold: int
+    disable_batch_threshold: Optional[int]  # None = auto (cost-based policy)
+    enable_batch_threshold: Optional[int]  # None with auto, unless the user gave one
     switch_patience: int
 
+    @property
+    def automatic(self) -> bool:
+        return self.disable_batch_threshold is None
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        data = asdict(self)
+        if self.automatic:
+            data["disable_batch_threshold"] = AUTO
+        return json.dumps(data, sort_keys=True)
 
 
 DEFAULT_FLAGS = DynamicEagleFlags(
-    disable_batch_threshold=DEFAULT_DISABLE_BATCH_THRESHOLD,
-    enable_batch_threshold=DEFAULT_ENABLE_BATCH_THRESHOLD,
+    disable_batch_threshold=None,
+    enable_batch_threshold=None,
     switch_patience=DEFAULT_SWITCH_PATIENCE,
 )
 
@@ -103,9 +115,8 @@ def derived_enable_threshold(disable_batch_threshold: int) -> int:
 
 
 def _check_value(flag: str, value: Any, minimum: int) -> int:
-    """Return ``value`` as an int, or raise a one-line ValueError naming ``flag``."""
-    if isinstance(value, bool):
-        raise ValueError(f"{flag} must be an integer >= {minimum}, got {value!r}.")
+    """Return ``value`` (an int or its decimal text) as an int, or raise a one-line
+    ValueError naming ``flag``."""
     if isinstance(value, str):
         try:
             value = int(value.strip(), 10)
@@ -113,23 +124,29 @@ def _check_value(flag: str, value: Any, minimum: int) -> int:
             raise ValueError(
                 f"{flag} must be an integer >= {minimum}, got {value!r}."
             ) from None
-    if not isinstance(value, int):
-        raise ValueError(f"{flag} must be an integer >= {minimum}, got {value!r}.")
-    if value < minimum:
-        raise ValueError(f"{flag} must be an integer >= {minimum}, got {value}.")
-    return value
+    return check_int_at_least(flag, value, minimum)
 
 
-def _argparse_type(flag: str, minimum: int) -> Callable[[str], int]:
-    def convert(text: str) -> int:
+def _check_disable_threshold(value: Any) -> Optional[int]:
+    """None for ``auto``, else the fixed threshold N."""
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return None
+    try:
+        return _check_value(DISABLE_FLAG, value, 0)
+    except ValueError:
+        raise ValueError(
+            f"{DISABLE_FLAG} must be '{AUTO}' or an integer >= 0, got {value!r}."
+        ) from None
+
+
+def _argparse_type(check: Callable[[str], Any], expected: str) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
         try:
-            return _check_value(flag, text, minimum)
+            return check(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"must be an integer >= {minimum}, got {text!r}"
-            ) from None
+            raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}") from None
 
-    convert.__name__ = f"integer >= {minimum}"
+    convert.__name__ = expected
     return convert
 
 
@@ -144,18 +161,13 @@ def resolve_flags(
     EAGLE3_DYNAMIC is selected), so a server that does not use the algorithm is not
     refused because of these flags.
     """
-    if disable_batch_threshold is None:
-        n = DEFAULT_DISABLE_BATCH_THRESHOLD
-    else:
-        n = _check_value(DISABLE_FLAG, disable_batch_threshold, 0)
-    if enable_batch_threshold is None:
-        m = (
-            DEFAULT_ENABLE_BATCH_THRESHOLD
-            if disable_batch_threshold is None
-            else derived_enable_threshold(n)
-        )
-    else:
+    n = None if disable_batch_threshold is None else _check_disable_threshold(disable_batch_threshold)
+    if enable_batch_threshold is not None:
         m = _check_value(ENABLE_FLAG, enable_batch_threshold, 0)
+    elif n is None:
+        m = None
+    else:
+        m = derived_enable_threshold(n)
     if switch_patience is None:
         k = DEFAULT_SWITCH_PATIENCE
     else:
@@ -220,40 +232,41 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         DISABLE_FLAG,
         dest=DISABLE_DEST,
-        type=_argparse_type(DISABLE_FLAG, 0),
+        type=_argparse_type(_check_disable_threshold, f"'{AUTO}' or an integer >= 0"),
         default=None,
-        metavar="N",
+        metavar="{auto,N}",
         help=(
-            "Speculation turns off when the running decode batch is larger than N for "
-            "K consecutive decode steps (K = --speculative-switch-patience). 0 = always "
-            "speculate, except above the largest speculative CUDA-graph batch. "
-            f"Default: {DEFAULT_DISABLE_BATCH_THRESHOLD}. "
+            f"'{AUTO}' (the default): speculate while the step costs and acceptance "
+            "measured on this server say a speculative step yields more tokens per second "
+            "than a plain one. A number N uses fixed thresholds instead: speculation turns "
+            "off when the running decode batch is larger than N for K consecutive decode "
+            "steps (K = --speculative-switch-patience); 0 = always speculate, except above "
+            "the largest speculative CUDA-graph batch. "
             f"Only applies with --speculative-algorithm {ALGORITHM_NAME}."
         ),
     )
     group.add_argument(
         ENABLE_FLAG,
         dest=ENABLE_DEST,
-        type=_argparse_type(ENABLE_FLAG, 0),
+        type=_argparse_type(partial(_check_value, ENABLE_FLAG, minimum=0), "an integer >= 0"),
         default=None,
         metavar="M",
         help=(
-            "Speculation turns back on only when the running decode batch is at most M "
-            "for K consecutive decode steps. Must be <= N. "
-            f"Default: {DEFAULT_ENABLE_BATCH_THRESHOLD}; if only N is given, "
-            f"max(1, min({DEFAULT_ENABLE_BATCH_THRESHOLD}, 2*N//3)). "
+            "With a numeric N only: speculation turns back on only when the running decode "
+            "batch is at most M for K consecutive decode steps. Must be <= N. "
+            f"Default: max(1, min({DEFAULT_ENABLE_BATCH_THRESHOLD}, 2*N//3)). "
             f"Only applies with --speculative-algorithm {ALGORITHM_NAME}."
         ),
     )
     group.add_argument(
         PATIENCE_FLAG,
         dest=PATIENCE_DEST,
-        type=_argparse_type(PATIENCE_FLAG, 1),
+        type=_argparse_type(partial(_check_value, PATIENCE_FLAG, minimum=1), "an integer >= 1"),
         default=None,
         metavar="K",
         help=(
-            "Consecutive decode steps a batch size must qualify before the mode switches "
-            f"(>= 1). Default: {DEFAULT_SWITCH_PATIENCE}. "
+            "Consecutive decode steps that must qualify before the mode switches, with "
+            f"either policy (>= 1). Default: {DEFAULT_SWITCH_PATIENCE}. "
             f"Only applies with --speculative-algorithm {ALGORITHM_NAME}."
         ),
     )
@@ -362,7 +375,13 @@ def validate_server_args(server_args) -> None:
     """
     flags = current_flags()  # raises for a malformed ENV_VAR
     n, m = flags.disable_batch_threshold, flags.enable_batch_threshold
-    if n > 0 and m > n:
+    if n is None and m is not None:
+        raise ValueError(
+            f"{ENABLE_FLAG} only applies with fixed thresholds; give a number for "
+            f"{DISABLE_FLAG} or remove {ENABLE_FLAG} (the default, {AUTO}, measures the "
+            "switch point itself)."
+        )
+    if n is not None and n > 0 and m > n:
         raise ValueError(
             f"{ENABLE_FLAG} ({m}) must be <= {DISABLE_FLAG} ({n}); lower {ENABLE_FLAG} "
             f"or raise {DISABLE_FLAG}."

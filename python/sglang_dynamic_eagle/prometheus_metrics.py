@@ -28,6 +28,16 @@ COUNTERS: Dict[str, str] = {
     "catchup_truncated_tokens": "Missed positions beyond the catch-up window (stale draft KV).",
 }
 
+# Report key -> help text; exported as Prometheus gauges `<prefix><key>` (0 where not reported).
+GAUGES: Dict[str, str] = {
+    "mean_accept_length": "Tokens per request per speculative verify step, bonus included "
+    "(plain steps excluded).",
+    "acceptance_estimate": "Acceptance length of recent speculative steps that the automatic "
+    "policy decides with.",
+    "crossover_batch": "Largest batch size at which speculation pays, from the measured step "
+    "costs and the acceptance estimate (0: nowhere).",
+}
+
 
 class DynamicEagleMetrics:
     """The Prometheus metrics of one scheduler process."""
@@ -50,21 +60,25 @@ class DynamicEagleMetrics:
             "1 while decode steps speculate, 0 while they decode plainly.",
             labelnames=label_names, multiprocess_mode="mostrecent", registry=registry,
         )
-        self._mean_accept_length = Gauge(
-            METRIC_PREFIX + "mean_accept_length",
-            "Tokens per request per speculative verify step, bonus included (plain steps excluded).",
-            labelnames=label_names, multiprocess_mode="mostrecent", registry=registry,
-        )
+        self._gauges = {
+            key: Gauge(
+                METRIC_PREFIX + key, text,
+                labelnames=label_names, multiprocess_mode="mostrecent", registry=registry,
+            )
+            for key, text in GAUGES.items()
+        }
 
     def update(self, snapshot: Mapping[str, float], speculative: bool) -> None:
-        """Bring the metrics up to a ModeCounters snapshot and the current mode."""
+        """Bring the metrics up to a worker report (or a ModeCounters snapshot) and the
+        current mode."""
         for key, counter in self._counters.items():
             delta = snapshot[key] - self._exported[key]
             if delta > 0:
                 counter.labels(**self._labels).inc(delta)
                 self._exported[key] = snapshot[key]
         self._speculative_mode.labels(**self._labels).set(1 if speculative else 0)
-        self._mean_accept_length.labels(**self._labels).set(snapshot["mean_accept_length"])
+        for key, gauge in self._gauges.items():
+            gauge.labels(**self._labels).set(snapshot.get(key, 0.0))
 
 
 class MetricsExport:

@@ -202,7 +202,7 @@ def _log_counters_with_decode_stats(result, reporter, *args, **kwargs):
         if reporter.enable_metrics and reporter.metrics_collector is not None:
             worker.metrics_export.update(
                 reporter.metrics_collector.labels,
-                worker.counters.snapshot(),
+                worker.report(),
                 speculative=worker.mode is DecodeMode.SPECULATIVE,
             )
     return result

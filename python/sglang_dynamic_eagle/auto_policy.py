@@ -1,0 +1,249 @@
+"""The automatic switching policy: speculate while it yields more tokens per second.
+
+A speculative step over a batch of ``b`` requests emits ``a`` tokens per request (``a`` = the
+measured acceptance length, bonus token included) in ``t_spec(b)``; a plain step emits one per
+request in ``t_plain(b)``. Speculation pays while its gain
+
+    gain(b) = a * t_plain(b) / t_spec(b)
+
+is above 1. The costs come from a :class:`CostTable` the worker measures on this server (a
+start-up calibration refined by timing real steps, identical on every tensor-parallel rank),
+indexed by CUDA-graph bucket (the padded batch size a step really runs). The policy
+
+* leaves speculation after ``switch_patience`` consecutive steps with ``gain < 1 - margin``;
+* returns to it after ``switch_patience`` steps with ``gain > 1 + margin``, where ``t_spec``
+  also carries the measured draft-KV catch-up cost spread over ``catchup_horizon_steps``;
+* forces plain decoding at once above the largest speculative CUDA graph;
+* probes: a few steps in the other mode (``probe_steps``) when that mode's cost at this bucket
+  was never measured and the estimated gain is within ``cost_probe_band`` of 1 (so a wrong
+  start-up estimate cannot decide a close call), and, while plain, when no verify ran for
+  ``refresh_interval`` steps and speculation could pay at this batch size with a perfect
+  acceptance (so a workload whose acceptance rose is noticed). A probe bypasses the patience;
+  each (mode, bucket) or refresh probe happens at most once per ``refresh_interval`` steps.
+
+Pure Python: costs and acceptance in, mode out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence, Tuple
+
+from sglang_dynamic_eagle.cost_model import CostLookup, CostTable, speculative_gain
+from sglang_dynamic_eagle.policy import (
+    PATIENCE_FLAG,
+    DecodeMode,
+    PatienceStreak,
+    ReportValue,
+    StepObservation,
+    check_int_at_least,
+)
+
+DEFAULT_MARGIN = 0.03
+DEFAULT_CATCHUP_HORIZON_STEPS = 64
+DEFAULT_PROBE_STEPS = 6
+DEFAULT_REFRESH_INTERVAL = 2048
+DEFAULT_COST_PROBE_BAND = 0.5
+
+
+class AcceptanceEstimate:
+    """Mean acceptance of recent speculative steps: a running mean over the first ``window``
+    steps, an exponential average with weight ``1/window`` after that."""
+
+    def __init__(self, window: int = 32) -> None:
+        self.window = check_int_at_least("acceptance window", window, 1)
+        self._value: Optional[float] = None
+        self._samples = 0
+
+    @property
+    def value(self) -> Optional[float]:
+        return self._value
+
+    def add(self, step_mean_acceptance: float) -> None:
+        self._samples = min(self._samples + 1, self.window)
+        previous = self._value if self._value is not None else step_mean_acceptance
+        self._value = previous + (step_mean_acceptance - previous) / self._samples
+
+    def add_step(self, num_correct_drafts_per_req: Sequence[int]) -> None:
+        """One verify step's result: accepted drafts per request (the bonus token is added)."""
+        if num_correct_drafts_per_req:
+            count = len(num_correct_drafts_per_req)
+            self.add(1.0 + sum(num_correct_drafts_per_req) / count)
+
+
+@dataclass(frozen=True)
+class CostPolicyConfig:
+    switch_patience: int
+    max_speculative_batch: int  # largest batch the speculative CUDA graphs cover
+    max_acceptance: float  # tokens per verify with every draft accepted (chain: steps + 1)
+    margin: float = DEFAULT_MARGIN
+    catchup_horizon_steps: int = DEFAULT_CATCHUP_HORIZON_STEPS
+    probe_steps: int = DEFAULT_PROBE_STEPS
+    refresh_interval: int = DEFAULT_REFRESH_INTERVAL
+    cost_probe_band: float = DEFAULT_COST_PROBE_BAND
+
+    def __post_init__(self) -> None:
+        check_int_at_least(PATIENCE_FLAG, self.switch_patience, 1)
+        check_int_at_least("max_speculative_batch", self.max_speculative_batch, 1)
+        check_int_at_least("catchup_horizon_steps", self.catchup_horizon_steps, 1)
+        check_int_at_least("probe_steps", self.probe_steps, 0)
+        check_int_at_least("refresh_interval", self.refresh_interval, 1)
+        for name in ("max_acceptance", "margin", "cost_probe_band"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.max_acceptance < 1:
+            raise ValueError(f"max_acceptance must be >= 1, got {self.max_acceptance}")
+
+
+@dataclass
+class _Probe:
+    mode: DecodeMode
+    steps_left: int
+
+
+@dataclass
+class _ProbeLog:
+    """Decode-step index of the latest probe of each kind."""
+
+    by_bucket: Dict[Tuple[DecodeMode, int], int] = field(default_factory=dict)
+    refresh: Optional[int] = None
+    count: int = 0
+
+
+class CostPolicy:
+    """The automatic policy; a ``policy.DecodePolicy``. See the module docstring."""
+
+    def __init__(
+        self, config: CostPolicyConfig, initial_mode: DecodeMode = DecodeMode.SPECULATIVE
+    ) -> None:
+        self._config = config
+        self._mode = DecodeMode(initial_mode)
+        self._streak = PatienceStreak(config.switch_patience)
+        self._probe: Optional[_Probe] = None
+        self._probes = _ProbeLog()
+        self._step = 0
+        self._last_speculative_step = 0
+        self._last_gain: Optional[float] = None
+
+    @property
+    def mode(self) -> DecodeMode:
+        return self._mode
+
+    @property
+    def config(self) -> CostPolicyConfig:
+        return self._config
+
+    @property
+    def max_speculative_batch(self) -> int:
+        return self._config.max_speculative_batch
+
+    @property
+    def probing(self) -> bool:
+        return self._probe is not None
+
+    def decide(self, observation: StepObservation) -> DecodeMode:
+        self._step += 1
+        self._mode = self._next_mode(observation)
+        if self._mode is DecodeMode.SPECULATIVE:
+            self._last_speculative_step = self._step
+        return self._mode
+
+    def _next_mode(self, observation: StepObservation) -> DecodeMode:
+        batch_size = observation.batch_size
+        if batch_size > self._config.max_speculative_batch:
+            self._probe = None
+            self._streak.reset()
+            return DecodeMode.PLAIN
+        if self._probe is not None:
+            return self._continue_probe()
+        if observation.costs is None:
+            return self._mode
+        return self._decide_from_costs(observation.costs, batch_size, observation.acceptance)
+
+    def _continue_probe(self) -> DecodeMode:
+        probe = self._probe
+        probe.steps_left -= 1
+        if probe.steps_left <= 0:
+            self._probe = None
+        return probe.mode
+
+    def _decide_from_costs(
+        self, costs: CostTable, batch_size: int, acceptance: Optional[float]
+    ) -> DecodeMode:
+        plain = costs.plain.lookup(batch_size)
+        spec = costs.speculative.lookup(batch_size)
+        if plain.step_ms is None or spec.step_ms is None:
+            missing = DecodeMode.PLAIN if plain.step_ms is None else DecodeMode.SPECULATIVE
+            bucket = plain.bucket if plain.step_ms is None else spec.bucket
+            return self._probe_cost(missing, bucket) or self._mode
+        estimate = self._config.max_acceptance if acceptance is None else acceptance
+        gain = speculative_gain(estimate, plain.step_ms, spec.step_ms)
+        self._last_gain = gain
+        if self._mode is DecodeMode.SPECULATIVE:
+            return self._from_speculative(gain, plain)
+        entry_ms = spec.step_ms + costs.catchup_ms / self._config.catchup_horizon_steps
+        entry_gain = speculative_gain(estimate, plain.step_ms, entry_ms)
+        best_gain = speculative_gain(self._config.max_acceptance, plain.step_ms, entry_ms)
+        return self._from_plain(gain, entry_gain, best_gain, spec)
+
+    def _from_speculative(self, gain: float, plain: CostLookup) -> DecodeMode:
+        if not plain.measured and self._in_probe_band(gain):
+            probed = self._probe_cost(DecodeMode.PLAIN, plain.bucket)
+            if probed is not None:
+                return probed
+        if self._streak.advance(gain < 1 - self._config.margin):
+            return DecodeMode.PLAIN
+        return DecodeMode.SPECULATIVE
+
+    def _from_plain(
+        self, gain: float, entry_gain: float, best_gain: float, spec: CostLookup
+    ) -> DecodeMode:
+        if self._streak.advance(entry_gain > 1 + self._config.margin):
+            return DecodeMode.SPECULATIVE
+        if not spec.measured and self._in_probe_band(gain):
+            probed = self._probe_cost(DecodeMode.SPECULATIVE, spec.bucket)
+            if probed is not None:
+                return probed
+        if best_gain > 1 + self._config.margin and self._refresh_due():
+            self._probes.refresh = self._step
+            return self._start_probe(DecodeMode.SPECULATIVE) or DecodeMode.PLAIN
+        return DecodeMode.PLAIN
+
+    def _in_probe_band(self, gain: float) -> bool:
+        band = self._config.cost_probe_band
+        return 1 / (1 + band) < gain < 1 + band
+
+    def _refresh_due(self) -> bool:
+        interval = self._config.refresh_interval
+        stale = self._step - self._last_speculative_step >= interval
+        last = self._probes.refresh
+        return stale and (last is None or self._step - last >= interval)
+
+    def _probe_cost(self, mode: DecodeMode, bucket: int) -> Optional[DecodeMode]:
+        last = self._probes.by_bucket.get((mode, bucket))
+        if last is not None and self._step - last < self._config.refresh_interval:
+            return None
+        self._probes.by_bucket[(mode, bucket)] = self._step
+        return self._start_probe(mode)
+
+    def _start_probe(self, mode: DecodeMode) -> Optional[DecodeMode]:
+        if self._config.probe_steps == 0:
+            return None
+        self._streak.reset()
+        self._probes.count += 1
+        if self._config.probe_steps > 1:
+            self._probe = _Probe(mode, self._config.probe_steps - 1)
+        return mode
+
+    def report(self) -> Dict[str, ReportValue]:
+        config = self._config
+        return {
+            "policy": "auto",
+            "switch_patience": config.switch_patience,
+            "margin": config.margin,
+            "max_speculative_graph_batch": config.max_speculative_batch,
+            "probes": self._probes.count,
+            "last_gain": round(self._last_gain, 4) if self._last_gain is not None else 0.0,
+        }

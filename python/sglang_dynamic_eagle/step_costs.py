@@ -1,0 +1,215 @@
+"""Measuring what decode steps cost on this server, without host synchronisation on the decode path.
+
+* :func:`calibrate`: at start-up, after every CUDA graph is captured, replay each graph a few
+  times per batch size and time it with CUDA events. A speculative step is the sum of its three
+  graphs (multi-step draft, target verify, draft extend); a plain step is its plain-decode
+  graph. The replays run on the capture-time buffers (dummy requests, context length 1), so the
+  calibration leaves out attention over real contexts and all host work: it is a prior that the
+  online timings rescale (``cost_model.MeasuredCosts``).
+* :class:`StepTimer`: one CUDA event at the end of every decode step; the time between the ends
+  of two consecutive decode steps of one mode, with no other forward between them, is one
+  sample of that mode's step cost. It covers everything the GPU stream spends on a step: draft
+  steps, verify, draft extend, sampling, the scheduler's per-step kernels and any wait for the
+  host. Samples are read with ``Event.query()``, never waited for.
+* :class:`GpuIntervals`: start/end event pairs (catch-up forwards), read the same way.
+* :func:`tp_max_reducer`: the all-reduce (MAX, on the TP group's CPU group) that makes the
+  calibration and the cost table identical on every tensor-parallel rank.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from sglang_dynamic_eagle.cost_model import CostTable, MeasuredCosts
+from sglang_dynamic_eagle.policy import DecodeMode
+
+logger = logging.getLogger(__name__)
+
+CALIBRATION_REPEATS = 5
+# Decode steps between two refreshes of the cost table (and, with tensor parallelism, between
+# two all-reduces of the timings): at 5-20 ms a step, a few times a second.
+TABLE_REFRESH_STEPS = 16
+Reducer = Callable[[List[float]], List[float]]
+
+
+def _graph_key(runner, batch_size: int):
+    size = runner._capture_graph_size(
+        bs=batch_size, num_tokens=batch_size * runner.captured_req_width
+    )
+    return runner._make_graph_key(size)
+
+
+def _smallest_captured(runner, batch_size: int) -> Optional[int]:
+    fitting = [bs for bs in runner.capture_bs if bs >= batch_size]
+    return min(fitting) if fitting else None
+
+
+def _replay(runner, batch_size: int) -> None:
+    with runner.backend.replay_session():
+        runner.backend.replay(_graph_key(runner, batch_size), None)
+
+
+def _time_replays(runners: Sequence, batch_size: int, repeats: int) -> Optional[float]:
+    """Mean milliseconds of one replay of every runner's graph for ``batch_size``, in order."""
+    sizes = [_smallest_captured(runner, batch_size) for runner in runners]
+    if any(size is None for size in sizes):
+        return None
+    for runner, size in zip(runners, sizes):
+        _replay(runner, size)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        for runner, size in zip(runners, sizes):
+            _replay(runner, size)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def calibrate(
+    mode_runners: Dict[DecodeMode, Sequence],
+    buckets: Dict[DecodeMode, Sequence[int]],
+    repeats: int = CALIBRATION_REPEATS,
+) -> Dict[DecodeMode, Dict[int, float]]:
+    """Graph-replay milliseconds per mode and bucket; a mode whose graphs cannot be replayed
+    (no graphs, or a graph backend without plain replay) is left uncalibrated."""
+    table: Dict[DecodeMode, Dict[int, float]] = {}
+    for mode, runners in mode_runners.items():
+        table[mode] = {}
+        if not runners:
+            continue
+        try:
+            for bucket in buckets[mode]:
+                elapsed = _time_replays(runners, bucket, repeats)
+                if elapsed is not None:
+                    table[mode][bucket] = elapsed
+        except Exception:
+            logger.exception("EAGLE3_DYNAMIC: %s graph replay timing failed; that mode "
+                             "starts uncalibrated and is measured online.", mode.value)
+            table[mode] = {}
+    torch.cuda.synchronize()
+    return table
+
+
+@dataclass
+class _PendingSample:
+    mode: DecodeMode
+    bucket: int
+    start: torch.cuda.Event
+    end: torch.cuda.Event
+
+
+class StepTimer:
+    """Per-mode decode step costs from the events at the end of consecutive decode steps."""
+
+    def __init__(self) -> None:
+        self._previous: Optional[Tuple[DecodeMode, torch.cuda.Event]] = None
+        self._pending: Deque[_PendingSample] = deque()
+
+    def step_done(self, mode: DecodeMode, bucket: Optional[int]) -> None:
+        """Mark the end of a decode step whose work has just been enqueued."""
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        previous = self._previous
+        if previous is not None and previous[0] is mode and bucket is not None:
+            self._pending.append(_PendingSample(mode, bucket, previous[1], end))
+        self._previous = (mode, end)
+
+    def interrupt(self) -> None:
+        """Another kind of forward (prefill, idle, catch-up) runs before the next decode step."""
+        self._previous = None
+
+    def finished(self) -> Iterator[Tuple[DecodeMode, int, float]]:
+        """(mode, bucket, milliseconds) of every sample whose events have completed."""
+        while self._pending and self._pending[0].end.query():
+            sample = self._pending.popleft()
+            yield sample.mode, sample.bucket, sample.start.elapsed_time(sample.end)
+
+
+class GpuIntervals:
+    """GPU time of bracketed work, summed as the events complete."""
+
+    def __init__(self) -> None:
+        self._pending: Deque[Tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
+        self.total_ms = 0.0
+
+    def start(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, start: torch.cuda.Event) -> None:
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._pending.append((start, end))
+
+    def finished(self) -> Iterable[float]:
+        """Milliseconds of every interval that has completed since the last call."""
+        done: List[float] = []
+        while self._pending and self._pending[0][1].query():
+            start, end = self._pending.popleft()
+            elapsed = start.elapsed_time(end)
+            self.total_ms += elapsed
+            done.append(elapsed)
+        return done
+
+
+def tp_max_reducer(tp_group) -> Reducer:
+    """Element-wise MAX over the tensor-parallel ranks (identity for one rank).
+
+    Runs on the group's CPU (gloo) communicator, so it needs no GPU synchronisation; every
+    rank must call it at the same decode step, which the worker guarantees by calling it
+    every N decode steps (the decode-step sequence is the same on every rank).
+    """
+    if tp_group is None or getattr(tp_group, "world_size", 1) <= 1:
+        return list
+    return cpu_group_max_reducer(tp_group.cpu_group)
+
+
+def cpu_group_max_reducer(cpu_group) -> Reducer:
+    def reduce(values: List[float]) -> List[float]:
+        tensor = torch.tensor(values, dtype=torch.float64)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX, group=cpu_group)
+        return tensor.tolist()
+
+    return reduce
+
+
+class DecodeCostTracker:
+    """The cost table the policy reads: timings of this server's decode steps, refreshed (and
+    made identical across tensor-parallel ranks) every ``refresh_steps`` decode steps."""
+
+    def __init__(
+        self, measured: MeasuredCosts, reduce_max: Reducer, refresh_steps: int = TABLE_REFRESH_STEPS
+    ) -> None:
+        self.measured = measured
+        self._reduce_max = reduce_max
+        self._refresh_steps = refresh_steps
+        self._timer = StepTimer()
+        self._decode_steps = 0
+        self.table: CostTable = self._reduced_table()
+
+    def _reduced_table(self) -> CostTable:
+        return self.measured.table(self._reduce_max(self.measured.to_vector()))
+
+    def interrupt(self) -> None:
+        self._timer.interrupt()
+
+    def add_catchup(self, catchup_ms: float) -> None:
+        self.measured.add_catchup(catchup_ms)
+
+    def step_done(self, mode: DecodeMode, batch_size: int) -> bool:
+        """Count one decode step (its work just enqueued); True when the table was refreshed."""
+        self._timer.step_done(mode, self.measured.bucket_of(mode, batch_size))
+        for sample_mode, bucket, step_ms in self._timer.finished():
+            self.measured.add_step(sample_mode, bucket, step_ms)
+        self._decode_steps += 1
+        if self._decode_steps % self._refresh_steps:
+            return False
+        self.table = self._reduced_table()
+        return True
