@@ -35,7 +35,7 @@ ERROR_TAIL_LINES = 30
 WARMUP_OUTPUT_LEN = 16
 
 FULL_DEFAULTS = {
-    "concurrencies": "1,4,16,64,128",
+    "concurrencies": "1,4,16,32,64,128",
     "output_len": 256,
     "waves": 2,
     "min_prompts": 4,

@@ -15,7 +15,16 @@ PLAIN = "plain"
 EAGLE3 = "eagle3"
 ADAPTIVE = "adaptive"
 DYNAMIC = "dynamic"
-CONFIG_NAMES: tuple[str, ...] = (PLAIN, EAGLE3, ADAPTIVE, DYNAMIC)
+DYNAMIC_FIXED = "dynamic-fixed"
+CONFIG_NAMES: tuple[str, ...] = (PLAIN, EAGLE3, ADAPTIVE, DYNAMIC, DYNAMIC_FIXED)
+
+# EAGLE3_DYNAMIC with the fixed thresholds it shipped with before automatic switching, next to
+# the default (automatic) configuration.
+FIXED_THRESHOLD_ARGS = (
+    "--speculative-disable-batch-threshold", "24",
+    "--speculative-enable-batch-threshold", "16",
+    "--speculative-switch-patience", "4",
+)
 
 # The GPU machine's recipe (shared/gpu/README.md): FA3 is not in the runtime kit, flashinfer
 # attention would JIT-compile on every fresh machine, and prefill CUDA-graph capture costs ~60 s
@@ -106,6 +115,8 @@ def speculative_args(config: str, setup: ServerSetup) -> list[str]:
         ]
     if config == DYNAMIC:
         return _draft_args(setup, "EAGLE3_DYNAMIC") + list(setup.dynamic_args)
+    if config == DYNAMIC_FIXED:
+        return _draft_args(setup, "EAGLE3_DYNAMIC") + list(FIXED_THRESHOLD_ARGS)
     raise ValueError(f"unknown configuration {config!r}; known: {', '.join(CONFIG_NAMES)}")
 
 

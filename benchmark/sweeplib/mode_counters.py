@@ -27,7 +27,10 @@ OPTIONAL_COUNTER_FIELDS: tuple[str, ...] = (
 )
 MEAN_ACCEPT_FIELD = "mean_accept_length"
 RUN_ACCEPT_FIELD = "speculative_accept_length"
-POLICY_FIELDS: tuple[str, ...] = ("disable_batch_threshold", "enable_batch_threshold", "switch_patience")
+POLICY_FIELDS: tuple[str, ...] = (
+    "policy", "disable_batch_threshold", "enable_batch_threshold", "switch_patience",
+    "crossover_batch", "acceptance_estimate",
+)
 
 
 def find_mode_counters(server_info: dict | None) -> dict | None:
@@ -77,5 +80,6 @@ def run_delta(mode_counter_record: dict | None) -> dict | None:
 
 
 def policy_settings(counters: dict | None) -> dict:
-    """The switching thresholds the server reported, where it reported them."""
+    """The switching policy the server reported (thresholds, or the automatic policy's
+    crossover batch and acceptance estimate at that moment), where it reported them."""
     return {field: counters[field] for field in POLICY_FIELDS if counters and field in counters}

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from sweeplib import mode_counters
-from sweeplib.configs import CONFIG_NAMES
+from sweeplib.configs import CONFIG_NAMES, DYNAMIC, DYNAMIC_FIXED, EAGLE3, PLAIN
 from sweeplib.results import RUN_OK, successful_runs
 
 REPORT_FILE = "report.md"
@@ -233,6 +234,32 @@ def command_lines(document: dict) -> list[str]:
     return lines
 
 
+def ratio_to_baselines(values: dict[str, float], config: str) -> float | None:
+    """values[config] over the better of plain decoding and EAGLE3; None without both."""
+    if config not in values or PLAIN not in values or EAGLE3 not in values:
+        return None
+    best = max(values[PLAIN], values[EAGLE3])
+    return values[config] / best if best > 0 else None
+
+
+def baseline_ratio_table(document: dict) -> list[str]:
+    """EAGLE3_DYNAMIC configurations over the best of plain and EAGLE3, per concurrency, and
+    the geometric mean over the concurrencies where both baselines ran."""
+    grid = metric_grid(document, "output_throughput")
+    concurrencies = sorted(grid)
+    rows = []
+    for config in (DYNAMIC, DYNAMIC_FIXED):
+        ratios = [ratio_to_baselines(grid[c], config) for c in concurrencies]
+        present = [r for r in ratios if r is not None]
+        if not present:
+            continue
+        geomean = math.exp(sum(math.log(r) for r in present) / len(present))
+        rows.append([config] + [_format_number(r, 3) for r in ratios] + [f"{geomean:.3f}"])
+    if not rows:
+        return ["No EAGLE3_DYNAMIC run with both plain and EAGLE3 runs beside it."]
+    return _markdown_table(["config"] + [str(c) for c in concurrencies] + ["geometric mean"], rows)
+
+
 def render_markdown(document: dict) -> str:
     sections: list[list[str]] = [
         ["# EAGLE3_DYNAMIC sweep", "", *source_lines(document)],
@@ -240,6 +267,8 @@ def render_markdown(document: dict) -> str:
          "Each cell: throughput (ratio to the best other configuration at that concurrency; "
          "above 1.00x means this configuration was the fastest). Bold: fastest.", "",
          *throughput_table(document)],
+        ["## EAGLE3_DYNAMIC / best of plain and EAGLE3 (output throughput)", "",
+         *baseline_ratio_table(document)],
     ]
     for title, median_key, p99_key in LATENCY_TABLES:
         sections.append([f"## {title}", "", *latency_table(document, median_key, p99_key)])

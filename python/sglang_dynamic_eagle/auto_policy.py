@@ -42,34 +42,41 @@ from sglang_dynamic_eagle.policy import (
 
 DEFAULT_MARGIN = 0.03
 DEFAULT_CATCHUP_HORIZON_STEPS = 64
-DEFAULT_PROBE_STEPS = 6
+DEFAULT_PROBE_STEPS = 8
 DEFAULT_REFRESH_INTERVAL = 2048
-DEFAULT_COST_PROBE_BAND = 0.5
+DEFAULT_COST_PROBE_BAND = 0.3
 
 
 class AcceptanceEstimate:
-    """Mean acceptance of recent speculative steps: a running mean over the first ``window``
-    steps, an exponential average with weight ``1/window`` after that."""
+    """Acceptance length of recent speculative steps: an exponential average that ages with
+    every decode step, speculative or plain, by a factor ``1 - 1/window``. While speculation
+    runs, each verify weighs ``1/window``; after a long plain stretch the old value has
+    faded, and the first verifies of the next speculative stretch replace it."""
 
-    def __init__(self, window: int = 32) -> None:
+    def __init__(self, window: int = 16) -> None:
         self.window = check_int_at_least("acceptance window", window, 1)
         self._value: Optional[float] = None
-        self._samples = 0
+        self._last_step = 0
 
     @property
     def value(self) -> Optional[float]:
         return self._value
 
-    def add(self, step_mean_acceptance: float) -> None:
-        self._samples = min(self._samples + 1, self.window)
-        previous = self._value if self._value is not None else step_mean_acceptance
-        self._value = previous + (step_mean_acceptance - previous) / self._samples
+    def add(self, step_mean_acceptance: float, decode_step: int) -> None:
+        """One verify step's mean acceptance, processed at decode step ``decode_step``."""
+        if self._value is None:
+            self._value = step_mean_acceptance
+        else:
+            age = max(1, decode_step - self._last_step)
+            kept = (1 - 1 / self.window) ** age
+            self._value = kept * self._value + (1 - kept) * step_mean_acceptance
+        self._last_step = decode_step
 
-    def add_step(self, num_correct_drafts_per_req: Sequence[int]) -> None:
+    def add_step(self, num_correct_drafts_per_req: Sequence[int], decode_step: int) -> None:
         """One verify step's result: accepted drafts per request (the bonus token is added)."""
         if num_correct_drafts_per_req:
             count = len(num_correct_drafts_per_req)
-            self.add(1.0 + sum(num_correct_drafts_per_req) / count)
+            self.add(1.0 + sum(num_correct_drafts_per_req) / count, decode_step)
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,16 @@ timings, which is what a TP step costs).
 from __future__ import annotations
 
 import bisect
+import statistics
+from collections import deque
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from sglang_dynamic_eagle.policy import DecodeMode
 
 MODES = (DecodeMode.PLAIN, DecodeMode.SPECULATIVE)
 DEFAULT_MIN_SAMPLES = 4
-DEFAULT_WINDOW = 32
+DEFAULT_WINDOW = 9
 
 
 @dataclass(frozen=True)
@@ -85,18 +87,21 @@ def crossover_batch(costs: CostTable, acceptance: float) -> int:
     return best
 
 
-class RunningMean:
-    """A running mean over the first ``window`` samples, then an exponential average with
-    weight ``1/window``: quick to settle, slow to forget."""
+class RecentMedian:
+    """The median of the latest ``window`` samples: robust to the odd slow step (a page
+    fault, a host hiccup) and replaced by fresh samples as the context lengths move."""
 
     def __init__(self, window: int = DEFAULT_WINDOW) -> None:
-        self.window = window
-        self.value = 0.0
+        self._samples: Deque[float] = deque(maxlen=window)
         self.count = 0
 
     def add(self, sample: float) -> None:
+        self._samples.append(sample)
         self.count += 1
-        self.value += (sample - self.value) / min(self.count, self.window)
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self._samples) if self._samples else 0.0
 
 
 def _nearest(buckets: Sequence[int], bucket: int) -> Optional[int]:
@@ -123,9 +128,9 @@ class MeasuredCosts:
         self.calibration = {mode: dict(calibration.get(mode, {})) for mode in MODES}
         self.min_samples = min_samples
         self._steps = {
-            mode: {bucket: RunningMean(window) for bucket in self.buckets[mode]} for mode in MODES
+            mode: {bucket: RecentMedian(window) for bucket in self.buckets[mode]} for mode in MODES
         }
-        self._catchup = RunningMean(window)
+        self._catchup = RecentMedian(window)
 
     def bucket_of(self, mode: DecodeMode, batch_size: int) -> Optional[int]:
         """The bucket a step of ``batch_size`` runs at; None above the largest."""

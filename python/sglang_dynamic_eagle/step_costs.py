@@ -38,10 +38,10 @@ Reducer = Callable[[List[float]], List[float]]
 
 
 def _graph_key(runner, batch_size: int):
-    size = runner._capture_graph_size(
-        bs=batch_size, num_tokens=batch_size * runner.captured_req_width
-    )
-    return runner._make_graph_key(size)
+    # A ragged-verify target runner keys its graphs by token count, every other by batch size.
+    if getattr(runner, "ragged_verify_mode", False):
+        return runner._make_graph_key(batch_size * runner.captured_req_width)
+    return runner._make_graph_key(batch_size)
 
 
 def _smallest_captured(runner, batch_size: int) -> Optional[int]:
@@ -105,10 +105,16 @@ class _PendingSample:
 
 
 class StepTimer:
-    """Per-mode decode step costs from the events at the end of consecutive decode steps."""
+    """Per-mode decode step costs from the events at the end of consecutive decode steps.
 
-    def __init__(self) -> None:
+    The first ``settle_steps`` steps after a mode change or an interruption give no sample:
+    they carry the switch (graph and allocator warm-up, the other mode's last work in flight).
+    """
+
+    def __init__(self, settle_steps: int = 1) -> None:
+        self._settle_steps = settle_steps
         self._previous: Optional[Tuple[DecodeMode, torch.cuda.Event]] = None
+        self._run_length = 0  # consecutive decode steps of the current mode, uninterrupted
         self._pending: Deque[_PendingSample] = deque()
 
     def step_done(self, mode: DecodeMode, bucket: Optional[int]) -> None:
@@ -116,13 +122,16 @@ class StepTimer:
         end = torch.cuda.Event(enable_timing=True)
         end.record()
         previous = self._previous
-        if previous is not None and previous[0] is mode and bucket is not None:
+        same_run = previous is not None and previous[0] is mode
+        self._run_length = self._run_length + 1 if same_run else 1
+        if same_run and self._run_length > self._settle_steps + 1 and bucket is not None:
             self._pending.append(_PendingSample(mode, bucket, previous[1], end))
         self._previous = (mode, end)
 
     def interrupt(self) -> None:
         """Another kind of forward (prefill, idle, catch-up) runs before the next decode step."""
         self._previous = None
+        self._run_length = 0
 
     def finished(self) -> Iterator[Tuple[DecodeMode, int, float]]:
         """(mode, bucket, milliseconds) of every sample whose events have completed."""

@@ -215,7 +215,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self, num_correct_drafts_per_req: list[int], batch_size: int = 0
     ) -> None:
         if self.counters.record_result(num_correct_drafts_per_req) is DecodeMode.SPECULATIVE:
-            self.acceptance.add_step(num_correct_drafts_per_req)
+            decode_steps = self.counters.speculative_steps + self.counters.plain_steps
+            self.acceptance.add_step(num_correct_drafts_per_req, decode_steps)
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
 
     def forward_batch_generation(
