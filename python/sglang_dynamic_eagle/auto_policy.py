@@ -42,41 +42,44 @@ from sglang_dynamic_eagle.policy import (
 
 DEFAULT_MARGIN = 0.03
 DEFAULT_CATCHUP_HORIZON_STEPS = 64
-DEFAULT_PROBE_STEPS = 8
-DEFAULT_REFRESH_INTERVAL = 2048
+DEFAULT_PROBE_STEPS = 12
+DEFAULT_REFRESH_INTERVAL = 4096
 DEFAULT_COST_PROBE_BAND = 0.3
 
 
 class AcceptanceEstimate:
-    """Acceptance length of recent speculative steps: an exponential average that ages with
-    every decode step, speculative or plain, by a factor ``1 - 1/window``. While speculation
-    runs, each verify weighs ``1/window``; after a long plain stretch the old value has
-    faded, and the first verifies of the next speculative stretch replace it."""
+    """Acceptance length of recent speculative steps, per request: an exponentially weighted
+    mean whose weights age with every decode step, speculative or plain, by ``1 - 1/window``.
 
-    def __init__(self, window: int = 16) -> None:
+    Each verified request weighs 1 when it is added, so a step of 32 requests counts 32 times
+    as much as a lone request's (whose acceptance is a small integer). While speculation runs
+    the mean covers about the last ``window`` steps; after a long plain stretch the old weight
+    has faded and the next verifies form a fresh mean instead of being averaged into a stale one.
+    """
+
+    def __init__(self, window: int = 64) -> None:
         self.window = check_int_at_least("acceptance window", window, 1)
-        self._value: Optional[float] = None
+        self._weighted_sum = 0.0
+        self._weight = 0.0
         self._last_step = 0
 
     @property
     def value(self) -> Optional[float]:
-        return self._value
+        return self._weighted_sum / self._weight if self._weight > 0 else None
 
-    def add(self, step_mean_acceptance: float, decode_step: int) -> None:
-        """One verify step's mean acceptance, processed at decode step ``decode_step``."""
-        if self._value is None:
-            self._value = step_mean_acceptance
-        else:
-            age = max(1, decode_step - self._last_step)
-            kept = (1 - 1 / self.window) ** age
-            self._value = kept * self._value + (1 - kept) * step_mean_acceptance
+    def add(self, accepted_tokens: float, requests: int, decode_step: int) -> None:
+        """``accepted_tokens`` over ``requests`` verified requests (bonus tokens included),
+        processed at decode step ``decode_step``."""
+        kept = (1 - 1 / self.window) ** max(0, decode_step - self._last_step)
+        self._weighted_sum = self._weighted_sum * kept + accepted_tokens
+        self._weight = self._weight * kept + requests
         self._last_step = decode_step
 
     def add_step(self, num_correct_drafts_per_req: Sequence[int], decode_step: int) -> None:
         """One verify step's result: accepted drafts per request (the bonus token is added)."""
         if num_correct_drafts_per_req:
             count = len(num_correct_drafts_per_req)
-            self.add(1.0 + sum(num_correct_drafts_per_req) / count, decode_step)
+            self.add(sum(num_correct_drafts_per_req) + count, count, decode_step)
 
 
 @dataclass(frozen=True)

@@ -94,12 +94,12 @@ class Server:
         return self.post("/generate", payload)
 
     def dynamic_counters(self) -> Dict[str, float]:
-        info = self.get("/get_server_info")
+        info = self.get("/server_info")
         states = info.get("internal_states") or [{}]
         return states[0].get("dynamic_eagle", {})
 
     def internal_state(self) -> dict:
-        info = self.get("/get_server_info")
+        info = self.get("/server_info")
         return (info.get("internal_states") or [{}])[0]
 
     def log_tail(self, lines: int = 60) -> str:

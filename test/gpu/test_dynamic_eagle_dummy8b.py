@@ -1,5 +1,6 @@
 """EAGLE3_DYNAMIC on the 8B-shaped dummy model (bf16): losslessness across
-many switches, plain-graph use, and capacity beyond EAGLE's 48 requests.
+many switches, plain-graph use, capacity beyond EAGLE's 48 requests, and the
+automatic policy (the default) on a model whose drafts are never accepted.
 
 Dummy weights give nearly flat logits, so a differing token counts as a
 numerical tie only if the plain server's top-2 logprob margin there is below
@@ -71,11 +72,28 @@ def servers(kit_models):
     draft = eagle3_args(kit_models / "eagle3-llama8b", dummy=True)
     specs = {
         "plain": target + ["--mem-fraction-static", "0.4"],
-        "dynamic": target + ["--mem-fraction-static", "0.75",
+        "dynamic": target + ["--mem-fraction-static", "0.5",
                              "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *DYNAMIC_FLAGS],
+        "dynamic_auto": target + ["--mem-fraction-static", "0.75",
+                                  "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft],
     }
     with running_servers(specs) as started:
         yield started
+
+
+def compare_with_plain(outputs: Sequence[dict], plain: Sequence[dict]) -> tuple[int, list]:
+    """(numerical ties, failures as (prompt, position, plain top-2 margin))."""
+    ties, failures = 0, []
+    for index, (d, p) in enumerate(zip(outputs, plain)):
+        position = first_difference(d["output_ids"], p["output_ids"])
+        if position is None:
+            continue
+        margin = top2_margin(p, position)
+        if margin < TIE_MARGIN:
+            ties += 1
+        else:
+            failures.append((index, position, margin))
+    return ties, failures
 
 
 def test_lossless_across_switches(servers):
@@ -87,16 +105,7 @@ def test_lossless_across_switches(servers):
 
     switches_to_plain = after["switches_to_plain"] - before.get("switches_to_plain", 0)
     switches_to_spec = after["switches_to_speculative"] - before.get("switches_to_speculative", 0)
-    ties, failures = 0, []
-    for index, (d, p) in enumerate(zip(dynamic, plain)):
-        position = first_difference(d["output_ids"], p["output_ids"])
-        if position is None:
-            continue
-        margin = top2_margin(p, position)
-        if margin < TIE_MARGIN:
-            ties += 1
-        else:
-            failures.append((index, position, margin))
+    ties, failures = compare_with_plain(dynamic, plain)
     print(
         f"lossless: {NUM_PROMPTS} prompts, switches to plain {switches_to_plain}, "
         f"to speculative {switches_to_spec}, numerical ties {ties}, failures {failures}, "
@@ -146,3 +155,30 @@ def test_logprob_requests_in_both_modes(servers):
             p["meta_info"]["output_token_logprobs"][:length],
         ):
             assert abs(dyn_logprob - plain_logprob) < 0.05
+
+
+def test_automatic_policy_measures_costs_and_stays_plain_without_acceptance(servers):
+    """Dummy drafts are never accepted (acceptance 1.0), so speculation cannot pay at any
+    batch size: the default policy must measure both modes' costs, leave speculation, report a
+    crossover of 0 and still serve plain decoding's tokens."""
+    prompts = make_prompts(32, seed=4)
+    auto = servers["dynamic_auto"]
+    outputs = send_in_waves(auto, prompts, wave_size=8)
+    plain = send_in_waves(servers["plain"], prompts, wave_size=8, top_logprobs_num=2)
+    report = auto.dynamic_counters()
+    ties, failures = compare_with_plain(outputs, plain)
+    print(
+        f"automatic policy: ties {ties}, failures {failures}, policy {report['policy']}, "
+        f"acceptance {report['acceptance_estimate']}, crossover {report['crossover_batch']}, "
+        f"probes {report['probes']}, speculative steps {report['speculative_steps']}, plain "
+        f"steps {report['plain_steps']}, plain ms {report['plain_step_ms']}, speculative ms "
+        f"{report['speculative_step_ms']}"
+    )
+    assert report["policy"] == "auto"
+    assert not failures
+    assert report["switches_to_plain"] >= 1
+    assert report["plain_steps"] > 10 * report["speculative_steps"]
+    assert report["acceptance_estimate"] < 1.2
+    assert report["crossover_batch"] == 0
+    assert len(report["speculative_step_ms"]) > 1 and len(report["plain_step_ms"]) > 1
+    assert all(ms > 0 for ms in report["plain_step_ms"].values())
