@@ -341,8 +341,8 @@ def test_probe_of_unmeasured_plain_cost_runs_probe_steps(probe_steps: int) -> No
     policy = make(probe_steps=probe_steps, refresh_interval=R, switch_patience=1)
     steps = feed_probing(policy, [16] * (probe_steps + 3), table, 1.0)
     assert [mode for mode, _ in steps] == [PLAIN] * probe_steps + [SPEC] * 3
-    # Probing while steps of the probe are left; not after its last step.
-    assert [probing for _, probing in steps] == [True] * (probe_steps - 1) + [False] * 4
+    # Probing through the probe's last step; the step after it returns to speculation.
+    assert [probing for _, probing in steps] == [True] * probe_steps + [False] * 3
     assert policy.report()["probes"] == 1
 
 
@@ -367,13 +367,19 @@ def test_probe_is_per_bucket() -> None:
     assert policy.report()["probes"] == 2
 
 
-def test_after_a_probe_returning_needs_the_patience() -> None:
-    # Current behaviour: a probe leaves the policy in the probed mode; going back is an
-    # ordinary switch, with the patience (here K - 1 further plain steps).
+def test_a_probe_returns_to_the_mode_it_interrupted() -> None:
+    # No patience on the way back: the probe was not a switch.
     table = plain_unmeasured_table(gain_at_16=1.1)
     policy = make(probe_steps=P, refresh_interval=R, switch_patience=K)
     modes = feed(policy, [16] * (P + K + 2), table, 1.0)
-    assert modes == [PLAIN] * (P + K - 1) + [SPEC] * 3
+    assert modes == [PLAIN] * P + [SPEC] * (K + 2)
+
+
+def test_a_probe_inside_the_margin_does_not_flip_the_mode() -> None:
+    # Gain 1.0 (inside the margin): after the probe the policy keeps speculating for good.
+    table = plain_unmeasured_table(gain_at_16=1.0)
+    policy = make(probe_steps=P, refresh_interval=10 * R, switch_patience=1)
+    assert feed(policy, [16] * (P + 5 * R), table, 1.0) == [PLAIN] * P + [SPEC] * (5 * R)
 
 
 def test_probe_resets_the_patience_streak() -> None:
@@ -386,8 +392,9 @@ def test_probe_resets_the_patience_streak() -> None:
     )
     policy = make(probe_steps=P, refresh_interval=R, switch_patience=K)
     assert feed(policy, [8, 8], table, 1.0) == [SPEC, SPEC]
-    modes = feed(policy, [16] * (P + K + 2), table, 1.0)
-    assert modes == [PLAIN] * (P + K - 1) + [SPEC] * 3
+    assert feed(policy, [16] * P, table, 1.0) == [PLAIN] * P
+    # Back at bucket 8 the leave streak starts from zero: K more steps, not K - 2.
+    assert feed(policy, [8] * K, table, 1.0) == [SPEC] * (K - 1) + [PLAIN]
 
 
 @pytest.mark.parametrize("gain", [0.7, 1.35, 2.0])
@@ -418,8 +425,8 @@ def test_probe_of_unmeasured_speculative_cost_while_plain() -> None:
     table = CostTable(mode_costs(plain), mode_costs(spec, unmeasured=[16]))
     policy = make(PLAIN, probe_steps=P, refresh_interval=10_000, max_acceptance=1.0)
     steps = feed_probing(policy, [16] * (P + 20), table, 1.0)
-    assert [mode for mode, _ in steps] == [SPEC] * (P + 20)
-    assert [probing for _, probing in steps[:P]] == [True] * (P - 1) + [False]
+    assert [mode for mode, _ in steps] == [SPEC] * P + [PLAIN] * 20
+    assert [probing for _, probing in steps] == [True] * P + [False] * 20
     assert policy.report()["probes"] == 1
 
 
@@ -449,10 +456,19 @@ def test_missing_cost_triggers_probe_of_that_mode(missing_mode: DecodeMode) -> N
     policy = make(other, probe_steps=P, refresh_interval=R)
     steps = feed_probing(policy, [8] * (P + 10), table, 2.0)
     assert [mode for mode, _ in steps[:P]] == [missing_mode] * P
-    assert [probing for _, probing in steps[:P]] == [True] * (P - 1) + [False]
-    # The table still lacks the cost: no second probe within the interval, mode kept.
-    assert [mode for mode, _ in steps[P:]] == [missing_mode] * 10
+    assert [probing for _, probing in steps[:P]] == [True] * P
+    # Back to the interrupted mode; the table still lacks the cost, but no second probe
+    # comes within the interval.
+    assert [mode for mode, _ in steps[P:]] == [other] * 10
     assert policy.report()["probes"] == 1
+
+
+def test_missing_cost_of_the_current_mode_is_no_probe() -> None:
+    known = {b: 10.0 for b in BUCKETS}
+    table = CostTable(mode_costs(known), mode_costs({**known, 8: None}, unmeasured=[8]))
+    policy = make(SPEC, probe_steps=P, refresh_interval=R)
+    assert feed(policy, [8] * 20, table, 2.0) == [SPEC] * 20
+    assert policy.report()["probes"] == 0
 
 
 def test_missing_cost_above_last_bucket_probes() -> None:
@@ -462,24 +478,22 @@ def test_missing_cost_above_last_bucket_probes() -> None:
     assert feed(policy, [20] * P, table, 2.0) == [PLAIN] * P
 
 
-def refresh_expected(r: int, p: int, k: int, total: int) -> list[DecodeMode]:
-    """Plain policy, gain < 1 - margin, best gain at max acceptance > 1 + margin: refresh probes
-    of p speculative steps, each followed by k - 1 speculative steps before the patience leaves."""
+def refresh_expected(r: int, p: int, total: int) -> tuple[list[DecodeMode], int]:
+    """Plain policy, gain < 1 - margin, best gain at max acceptance > 1 + margin: a refresh
+    probe of p speculative steps once r steps have passed since the last speculative step,
+    then back to plain. Returns the modes and the number of probes."""
     modes: list[DecodeMode] = []
-    last_spec, last_refresh = 0, None
-    step = 0
+    last_spec, step, probes = 0, 0, 0
     while len(modes) < total:
         step += 1
-        stale = step - last_spec >= r
-        if stale and (last_refresh is None or step - last_refresh >= r):
-            last_refresh = step
-            run = p + k - 1
-            modes += [SPEC] * run
-            step += run - 1
+        if step - last_spec >= r:
+            probes += 1
+            modes += [SPEC] * p
+            step += p - 1
             last_spec = step
         else:
             modes.append(PLAIN)
-    return modes[:total]
+    return modes[:total], probes
 
 
 def test_refresh_probe_while_plain() -> None:
@@ -489,10 +503,12 @@ def test_refresh_probe_while_plain() -> None:
     policy = make(PLAIN, probe_steps=P, refresh_interval=R)
     steps = feed_probing(policy, [16] * (4 * R), table, 1.5)
     modes = [mode for mode, _ in steps]
-    assert modes == refresh_expected(R, P, K, 4 * R)
+    expected, probes = refresh_expected(R, P, 4 * R)
+    assert modes == expected
     assert modes[: R - 1] == [PLAIN] * (R - 1)
-    assert [probing for _, probing in steps[R - 1 : R - 1 + P]] == [True] * (P - 1) + [False]
-    assert policy.report()["probes"] == 3
+    assert [probing for _, probing in steps[R - 1 : R - 1 + P]] == [True] * P
+    assert modes[R - 1 + P] is PLAIN
+    assert probes >= 3 and policy.report()["probes"] == probes
 
 
 def test_refresh_interval_counts_from_the_last_speculative_step() -> None:

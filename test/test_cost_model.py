@@ -302,14 +302,15 @@ def test_vector_layout() -> None:
     vector = measured.to_vector()
     assert len(vector) == 2 * (len(PLAIN_BUCKETS) + len(SPEC_BUCKETS)) + 2
     plain_2 = 2 * PLAIN_BUCKETS.index(2)
-    assert vector[plain_2 : plain_2 + 2] == [12.0, float(DEFAULT_MIN_SAMPLES)]
+    # Counts are negated, so that a MAX across ranks keeps the smallest count.
+    assert vector[plain_2 : plain_2 + 2] == [12.0, -float(DEFAULT_MIN_SAMPLES)]
     spec_4 = 2 * len(PLAIN_BUCKETS) + 2 * SPEC_BUCKETS.index(4)
-    assert vector[spec_4 : spec_4 + 2] == [40.0, float(DEFAULT_MIN_SAMPLES)]
-    assert vector[-2:] == [5.0, 1.0]
+    assert vector[spec_4 : spec_4 + 2] == [40.0, -float(DEFAULT_MIN_SAMPLES)]
+    assert vector[-2:] == [5.0, -1.0]
     assert all(isinstance(v, float) for v in vector)
     # The count is of every sample, beyond the median's window.
     measure(measured, SPEC, 4, *[40.0] * 20)
-    assert measured.to_vector()[spec_4 + 1] == float(DEFAULT_MIN_SAMPLES + 20)
+    assert measured.to_vector()[spec_4 + 1] == -float(DEFAULT_MIN_SAMPLES + 20)
 
 
 def test_vector_round_trip() -> None:
@@ -329,11 +330,9 @@ def test_max_of_rank_vectors_gives_same_table_on_every_rank() -> None:
     table = rank0.table(reduced)
     assert table == rank1.table(reduced)
     assert table != rank0.table() and table != rank1.table()
-    # The slower rank's costs win, and a bucket measured on one rank is measured for all.
+    # The slower rank's costs win; a bucket is measured only once every rank measured it.
     assert as_dict(table.plain)[2] == 15.0
-    assert as_dict(table.speculative)[8] == 70.0
-    assert as_dict(table.speculative)[1] == 30.0
-    assert measured_flags(table.speculative) == {1: True, 2: False, 4: True, 8: True}
+    assert measured_flags(table.speculative) == {1: False, 2: False, 4: True, 8: False}
     assert table.catchup_ms == 8.0
 
 

@@ -18,8 +18,10 @@ indexed by CUDA-graph bucket (the padded batch size a step really runs). The pol
   was never measured and the estimated gain is within ``cost_probe_band`` of 1 (so a wrong
   start-up estimate cannot decide a close call), and, while plain, when no verify ran for
   ``refresh_interval`` steps and speculation could pay at this batch size with a perfect
-  acceptance (so a workload whose acceptance rose is noticed). A probe bypasses the patience;
-  each (mode, bucket) or refresh probe happens at most once per ``refresh_interval`` steps.
+  acceptance (so a workload whose acceptance rose is noticed). A probe bypasses the patience
+  and then returns to the mode it interrupted, where the rules above (and their patience)
+  decide again with what it measured; each (mode, bucket) cost probe happens at most once per
+  ``refresh_interval`` steps, and a refresh probe resets the staleness clock.
 
 Pure Python: costs and acceptance in, mode out.
 """
@@ -101,24 +103,28 @@ class CostPolicyConfig:
         check_int_at_least("refresh_interval", self.refresh_interval, 1)
         for name in ("max_acceptance", "margin", "cost_probe_band"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+            if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.max_acceptance < 1:
             raise ValueError(f"max_acceptance must be >= 1, got {self.max_acceptance}")
+        if self.margin >= 1:
+            raise ValueError(f"margin must be < 1, got {self.margin}")
 
 
 @dataclass
 class _Probe:
     mode: DecodeMode
-    steps_left: int
+    steps_left: int  # probe steps still to run after the current one
+    return_mode: DecodeMode  # the mode the probe interrupted
 
 
 @dataclass
 class _ProbeLog:
-    """Decode-step index of the latest probe of each kind."""
+    """Decode-step index of the latest cost probe of each (mode, bucket), and the count."""
 
     by_bucket: Dict[Tuple[DecodeMode, int], int] = field(default_factory=dict)
-    refresh: Optional[int] = None
     count: int = 0
 
 
@@ -167,17 +173,14 @@ class CostPolicy:
             self._streak.reset()
             return DecodeMode.PLAIN
         if self._probe is not None:
-            return self._continue_probe()
+            if self._probe.steps_left > 0:
+                self._probe.steps_left -= 1
+                return self._probe.mode
+            self._mode = self._probe.return_mode
+            self._probe = None
         if observation.costs is None:
             return self._mode
         return self._decide_from_costs(observation.costs, batch_size, observation.acceptance)
-
-    def _continue_probe(self) -> DecodeMode:
-        probe = self._probe
-        probe.steps_left -= 1
-        if probe.steps_left <= 0:
-            self._probe = None
-        return probe.mode
 
     def _decide_from_costs(
         self, costs: CostTable, batch_size: int, acceptance: Optional[float]
@@ -185,9 +188,12 @@ class CostPolicy:
         plain = costs.plain.lookup(batch_size)
         spec = costs.speculative.lookup(batch_size)
         if plain.step_ms is None or spec.step_ms is None:
-            missing = DecodeMode.PLAIN if plain.step_ms is None else DecodeMode.SPECULATIVE
-            bucket = plain.bucket if plain.step_ms is None else spec.bucket
-            return self._probe_cost(missing, bucket) or self._mode
+            # The current mode's cost is being measured by this very step; the other's needs a probe.
+            missing = plain if self._mode is DecodeMode.SPECULATIVE else spec
+            other = DecodeMode.PLAIN if self._mode is DecodeMode.SPECULATIVE else DecodeMode.SPECULATIVE
+            if missing.step_ms is not None:
+                return self._mode
+            return self._probe_cost(other, missing.bucket) or self._mode
         estimate = self._config.max_acceptance if acceptance is None else acceptance
         gain = speculative_gain(estimate, plain.step_ms, spec.step_ms)
         self._last_gain = gain
@@ -216,20 +222,14 @@ class CostPolicy:
             probed = self._probe_cost(DecodeMode.SPECULATIVE, spec.bucket)
             if probed is not None:
                 return probed
-        if best_gain > 1 + self._config.margin and self._refresh_due():
-            self._probes.refresh = self._step
+        stale = self._step - self._last_speculative_step >= self._config.refresh_interval
+        if best_gain > 1 + self._config.margin and stale:
             return self._start_probe(DecodeMode.SPECULATIVE) or DecodeMode.PLAIN
         return DecodeMode.PLAIN
 
     def _in_probe_band(self, gain: float) -> bool:
         band = self._config.cost_probe_band
         return 1 / (1 + band) < gain < 1 + band
-
-    def _refresh_due(self) -> bool:
-        interval = self._config.refresh_interval
-        stale = self._step - self._last_speculative_step >= interval
-        last = self._probes.refresh
-        return stale and (last is None or self._step - last >= interval)
 
     def _probe_cost(self, mode: DecodeMode, bucket: int) -> Optional[DecodeMode]:
         last = self._probes.by_bucket.get((mode, bucket))
@@ -243,8 +243,7 @@ class CostPolicy:
             return None
         self._streak.reset()
         self._probes.count += 1
-        if self._config.probe_steps > 1:
-            self._probe = _Probe(mode, self._config.probe_steps - 1)
+        self._probe = _Probe(mode, self._config.probe_steps - 1, return_mode=self._mode)
         return mode
 
     def report(self) -> Dict[str, ReportValue]:

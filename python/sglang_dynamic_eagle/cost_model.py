@@ -145,13 +145,18 @@ class MeasuredCosts:
         self._catchup.add(catchup_ms)
 
     def to_vector(self) -> List[float]:
-        """(mean, count) per mode and bucket, then the catch-up (mean, count)."""
+        """(median, -count) per mode and bucket, then the catch-up's (median, -count).
+
+        Counts are negated so that an element-wise MAX across ranks yields the slowest rank's
+        cost and the *smallest* count: a bucket counts as measured only once every rank
+        measured it.
+        """
         vector: List[float] = []
         for mode in MODES:
             for bucket in self.buckets[mode]:
                 stat = self._steps[mode][bucket]
-                vector += [stat.value, float(stat.count)]
-        return vector + [self._catchup.value, float(self._catchup.count)]
+                vector += [stat.value, -float(stat.count)]
+        return vector + [self._catchup.value, -float(self._catchup.count)]
 
     def table(self, vector: Optional[Sequence[float]] = None) -> CostTable:
         """The cost table from ``vector`` (default: this rank's own :meth:`to_vector`)."""
@@ -161,11 +166,11 @@ class MeasuredCosts:
         for mode in MODES:
             measured[mode] = {}
             for bucket in self.buckets[mode]:
-                mean, count = values[position], values[position + 1]
+                median, count = values[position], -values[position + 1]
                 position += 2
                 if count >= self.min_samples:
-                    measured[mode][bucket] = mean
-        catchup_ms = values[position] if values[position + 1] > 0 else 0.0
+                    measured[mode][bucket] = median
+        catchup_ms = values[position] if -values[position + 1] > 0 else 0.0
         return CostTable(
             plain=self._mode_costs(DecodeMode.PLAIN, measured),
             speculative=self._mode_costs(DecodeMode.SPECULATIVE, measured),

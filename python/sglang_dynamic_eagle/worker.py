@@ -152,15 +152,22 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         )
 
     def _new_cost_tracker(self, max_speculative_batch: int) -> DecodeCostTracker:
+        """Costs per CUDA-graph bucket; without graphs (eager steps), per the sizes sglang
+        would have captured, so that eager steps are timed in the same buckets."""
         plain_runner = self._plain_graphs.graph_runner
         speculative_runners = self._speculative_graph_runners()
+        speculative_sizes = (
+            speculative_runners[0].capture_bs
+            if speculative_runners
+            else self.server_args.cuda_graph_config.decode.bs
+        )
         buckets = {
-            DecodeMode.PLAIN: list(plain_runner.capture_bs) if plain_runner is not None else [],
-            DecodeMode.SPECULATIVE: [
-                bs
-                for bs in (speculative_runners[0].capture_bs if speculative_runners else [])
-                if bs <= max_speculative_batch
-            ],
+            DecodeMode.PLAIN: list(
+                plain_runner.capture_bs
+                if plain_runner is not None
+                else plain_decode_batch_sizes(self.server_args)
+            ),
+            DecodeMode.SPECULATIVE: [bs for bs in speculative_sizes if bs <= max_speculative_batch],
         }
         reduce_max = tp_max_reducer(self._target_worker.model_runner.tp_group)
         calibration = calibrate(

@@ -1,0 +1,205 @@
+"""The worker's decode loop on CPU, with stand-ins for the target, the plain step, the catch-up
+and the cost tracker, and the real threshold policy: which path each step took, what was
+forgotten, caught up, counted, timed and fed to the acceptance estimate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import List, Optional, Sequence, Tuple
+
+import pytest
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+from sglang_dynamic_eagle.auto_policy import AcceptanceEstimate
+from sglang_dynamic_eagle.counters import ModeCounters
+from sglang_dynamic_eagle.draft_catchup import CatchupPlan
+from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy, ThresholdPolicyConfig
+from sglang_dynamic_eagle.spec_algo import DynamicEagleSpecAlgo
+from sglang_dynamic_eagle.worker import DynamicEagleWorker
+
+SPEC = DecodeMode.SPECULATIVE
+PLAIN = DecodeMode.PLAIN
+
+
+@dataclass
+class FakeCatchup:
+    """Counts plain steps per request slot like DraftCatchup, without tensors."""
+
+    missed: dict = field(default_factory=dict)
+    forgotten: List[List[int]] = field(default_factory=list)
+    caught_up: List[List[int]] = field(default_factory=list)
+    gpu_time: SimpleNamespace = field(
+        default_factory=lambda: SimpleNamespace(finished=lambda: [3.0], total_ms=0.0)
+    )
+
+    def record(self, indices: Sequence[int]) -> None:
+        for index in indices:
+            self.missed[index] = self.missed.get(index, 0) + 1
+
+    def forget(self, indices: Sequence[int]) -> None:
+        self.forgotten.append(list(indices))
+        for index in indices:
+            self.missed.pop(index, None)
+
+    def catch_up(self, draft_worker, batch, plan_stream) -> Optional[CatchupPlan]:
+        indices = [req.req_pool_idx for req in batch.reqs]
+        rows = [row for row, index in enumerate(indices) if self.missed.get(index)]
+        if not rows:
+            return None
+        self.caught_up.append([indices[row] for row in rows])
+        lengths = [self.missed.pop(indices[row]) for row in rows]
+        return CatchupPlan(rows=rows, lengths=lengths, truncated_tokens=0)
+
+
+@dataclass
+class FakePlainStep:
+    catchup: FakeCatchup
+    runs: List[int] = field(default_factory=list)
+
+    def run(self, batch, on_publish):
+        self.runs.append(batch.batch_size())
+        self.catchup.record([req.req_pool_idx for req in batch.reqs])
+        return SimpleNamespace(can_run_cuda_graph=True)
+
+
+@dataclass
+class FakeCosts:
+    table: None = None
+    steps: List[Tuple[DecodeMode, int]] = field(default_factory=list)
+    interrupts: int = 0
+    catchup_samples: List[float] = field(default_factory=list)
+
+    def step_done(self, mode: DecodeMode, batch_size: int) -> bool:
+        self.steps.append((mode, batch_size))
+        return False
+
+    def interrupt(self) -> None:
+        self.interrupts += 1
+
+    def add_catchup(self, catchup_ms: float) -> None:
+        self.catchup_samples.append(catchup_ms)
+
+
+@pytest.fixture
+def worker(monkeypatch):
+    """A DynamicEagleWorker without a GPU: EAGLE's own step and verify hook are recorded."""
+    eagle_calls: List[str] = []
+    verify_calls: List[int] = []
+
+    def eagle_step(self, batch, on_publish=None, grammar_barrier=None):
+        eagle_calls.append(batch.forward_mode.name)
+        return SimpleNamespace(can_run_cuda_graph=True)
+
+    def eagle_verify_hook(self, num_correct_drafts_per_req, batch_size=0):
+        verify_calls.append(len(num_correct_drafts_per_req))
+
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation", eagle_step)
+    monkeypatch.setattr(EAGLEWorkerV2, "on_verify_complete_cpu", eagle_verify_hook)
+    instance = object.__new__(DynamicEagleWorker)
+    catchup = FakeCatchup()
+    instance.counters = ModeCounters()
+    instance.acceptance = AcceptanceEstimate()
+    instance._policy = ThresholdPolicy(ThresholdPolicyConfig(2, 2, 1, 48))
+    instance._catchup = catchup
+    instance._plain_step = FakePlainStep(catchup)
+    instance._costs = FakeCosts()
+    instance._draft_worker = None
+    instance.plan_stream = None
+    instance._last_step_plain = False
+    instance.eagle_calls = eagle_calls
+    instance.verify_calls = verify_calls
+    return instance
+
+
+def make_batch(mode: ForwardMode, slots: Sequence[int]) -> SimpleNamespace:
+    reqs = [SimpleNamespace(req_pool_idx=slot) for slot in slots]
+    return SimpleNamespace(
+        forward_mode=mode,
+        is_extend_in_batch=mode.is_extend(),
+        reqs=reqs,
+        batch_size=lambda: len(reqs),
+        spec_info=object(),
+    )
+
+
+def decode(worker, slots: Sequence[int]) -> None:
+    worker.forward_batch_generation(make_batch(ForwardMode.DECODE, slots))
+
+
+def test_batch_sizes_1_40_1_take_each_path_and_catch_up(worker) -> None:
+    decode(worker, [0])  # speculative
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, range(1, 40)))
+    assert worker._catchup.forgotten == [list(range(1, 40))]
+    for _ in range(3):
+        decode(worker, range(40))  # above N = 2: plain
+    decode(worker, [0])  # at M = 2, patience 1: speculative again, after a catch-up of slot 0
+
+    assert worker._plain_step.runs == [40, 40, 40]
+    assert worker.eagle_calls == ["DECODE", "EXTEND", "DECODE"]
+    assert worker._catchup.caught_up == [[0]]
+    counters = worker.counters
+    assert (counters.speculative_steps, counters.plain_steps, counters.plain_graph_steps) == (2, 3, 3)
+    assert (counters.switches_to_plain, counters.switches_to_speculative) == (1, 1)
+    assert (counters.catchup_forwards, counters.catchup_tokens) == (1, 3)
+    assert (counters.max_plain_batch, counters.max_speculative_batch) == (40, 1)
+    assert worker._costs.steps == [(SPEC, 1), (PLAIN, 40), (PLAIN, 40), (PLAIN, 40), (SPEC, 1)]
+    # The prefill and the catch-up both break the run of step timings.
+    assert worker._costs.interrupts == 2
+    assert worker._costs.catchup_samples == [3.0] * 5
+
+
+def test_prefill_forgets_what_plain_steps_left_to_catch_up(worker) -> None:
+    decode(worker, [0, 1, 2])
+    decode(worker, [0, 1, 2])  # plain
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [1]))  # slot 1 re-prefilled
+    decode(worker, [0, 1])  # speculative: only slot 0 still misses draft KV
+    assert worker._catchup.caught_up == [[0]]
+    assert worker.counters.catchup_tokens == 2
+
+
+def test_idle_batches_take_eagles_path_and_break_timing(worker) -> None:
+    worker.forward_batch_generation(make_batch(ForwardMode.IDLE, []))
+    assert worker.eagle_calls == ["IDLE"]
+    assert worker._costs.steps == [] and worker._costs.interrupts == 1
+    assert worker.counters.speculative_steps == worker.counters.plain_steps == 0
+
+
+def test_war_barrier_runner_follows_the_last_step(worker) -> None:
+    target_runner = object()
+    worker._target_worker = SimpleNamespace(model_runner=target_runner)
+    decode(worker, [0, 1, 2])
+    decode(worker, [0, 1, 2])
+    assert worker._last_step_plain and worker.war_fastpath_runner is target_runner
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3]))
+    assert not worker._last_step_plain
+
+
+def test_verify_results_feed_acceptance_only_for_speculative_steps(worker) -> None:
+    decode(worker, [0])  # speculative
+    decode(worker, [0, 1])  # speculative (N = 2)
+    decode(worker, [0, 1, 2])  # plain
+    worker.on_verify_complete_cpu([2])
+    assert worker.acceptance.value == pytest.approx(3.0)
+    worker.on_verify_complete_cpu([1, 0])
+    estimate = worker.acceptance.value
+    assert 1.5 < estimate < 3.0
+    worker.on_verify_complete_cpu([0, 0, 0])  # the plain step's result
+    assert worker.counters.speculative_verified_requests == 3
+    assert worker.counters.speculative_accepted_tokens == 3 + 3
+    assert worker.verify_calls == [1, 2, 3]  # EAGLE's own hook still sees every result
+    assert worker.acceptance.value == estimate
+
+
+def test_mode_property_reports_the_latest_step(worker) -> None:
+    decode(worker, [0])
+    assert worker.mode is SPEC
+    decode(worker, range(10))
+    assert worker.mode is PLAIN
+
+
+def test_grammar_batches_run_without_overlap() -> None:
+    # The plain step never calls the scheduler's grammar barrier; sglang passes it only when
+    # the algorithm supports grammar overlap, which EAGLE3 does and EAGLE3_DYNAMIC must not.
+    assert DynamicEagleSpecAlgo.supports_grammar_overlap(object.__new__(DynamicEagleSpecAlgo)) is False
