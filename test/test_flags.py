@@ -209,7 +209,7 @@ def test_from_cli_args_hook_exports_before_serverargs_is_built():
         return "server-args"
 
     args = _parser().parse_args([DISABLE_FLAG, "12", PATIENCE_FLAG, "3"])
-    result = flags._around_from_cli_args(original, "ServerArgsClass", args)
+    result = flags.around_from_cli_args(original, "ServerArgsClass", args)
     assert result == "server-args"
     assert seen["cls"] == "ServerArgsClass"
     assert json.loads(seen["env"]) == {
@@ -222,13 +222,13 @@ def test_from_cli_args_hook_exports_before_serverargs_is_built():
 def test_from_cli_args_hook_overrides_a_stale_env_value(monkeypatch):
     monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 99}))
     args = _parser().parse_args([])
-    flags._around_from_cli_args(lambda cls, a: None, object, args)
+    flags.around_from_cli_args(lambda cls, a: None, object, args)
     assert flags.current_flags() == flags.DEFAULT_FLAGS
 
 
 def test_after_add_cli_args_hook_adds_flags_and_keeps_result():
     parser = argparse.ArgumentParser()
-    assert flags._after_add_cli_args("result", parser) == "result"
+    assert flags.after_add_cli_args("result", parser) == "result"
     assert DISABLE_FLAG in parser._option_string_actions
 
 

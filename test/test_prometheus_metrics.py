@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sglang_dynamic_eagle import upstream_internals
+from sglang_dynamic_eagle import reporting_hooks
 from sglang_dynamic_eagle.counters import ModeCounters
 from sglang_dynamic_eagle.policy import DecodeMode
 from sglang_dynamic_eagle.prometheus_metrics import COUNTERS, DynamicEagleMetrics, MetricsExport
@@ -95,14 +95,14 @@ def test_decode_stats_hook_exports_only_with_metrics_on_the_log_schedule(monkeyp
 
     monkeypatch.setattr("sglang_dynamic_eagle.prometheus_metrics.DynamicEagleMetrics", metrics_in_test_registry)
     worker = _FakeWorker(DecodeMode.PLAIN)
-    monkeypatch.setattr(upstream_internals, "_dynamic_worker", lambda scheduler: worker)
+    monkeypatch.setattr(reporting_hooks, "dynamic_worker", lambda scheduler: worker)
 
-    upstream_internals._log_counters_with_decode_stats(None, _reporter(False, 40))
+    reporting_hooks.report_with_decode_stats(None, _reporter(False, 40))
     assert not created
-    upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 41))
+    reporting_hooks.report_with_decode_stats(None, _reporter(True, 41))
     assert not created
-    upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 80))
-    upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 120))
+    reporting_hooks.report_with_decode_stats(None, _reporter(True, 80))
+    reporting_hooks.report_with_decode_stats(None, _reporter(True, 120))
     assert len(created) == 1 and worker.metrics_export.enabled
     assert sample(registry, "plain_steps_total") == 1
     assert sample(registry, "speculative_mode") == 0
@@ -114,8 +114,8 @@ def test_a_failing_export_is_switched_off_not_raised(monkeypatch, caplog) -> Non
 
     monkeypatch.setattr("sglang_dynamic_eagle.prometheus_metrics.DynamicEagleMetrics", broken)
     worker = _FakeWorker(DecodeMode.SPECULATIVE)
-    monkeypatch.setattr(upstream_internals, "_dynamic_worker", lambda scheduler: worker)
-    upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 40))
-    upstream_internals._log_counters_with_decode_stats(None, _reporter(True, 80))
+    monkeypatch.setattr(reporting_hooks, "dynamic_worker", lambda scheduler: worker)
+    reporting_hooks.report_with_decode_stats(None, _reporter(True, 40))
+    reporting_hooks.report_with_decode_stats(None, _reporter(True, 80))
     assert worker.metrics_export.enabled is False
     assert sum("Prometheus export failed" in record.getMessage() for record in caplog.records) == 1

@@ -49,8 +49,15 @@ def test_spec_behaves_like_eagle3(loaded_plugins):
     assert algo.has_draft_kv() is True
 
 
-def test_spec_validator_is_flags_validate(loaded_plugins):
-    assert loaded_plugins.validate_server_args is flags.validate_server_args
+def test_spec_validator_checks_hooks_then_flags(loaded_plugins, monkeypatch):
+    from sglang_dynamic_eagle import plugin, upstream_internals
+
+    assert loaded_plugins.validate_server_args is plugin._validate_server_args
+    calls = []
+    monkeypatch.setattr(upstream_internals, "check_hooks_in_effect", lambda: calls.append("hooks"))
+    monkeypatch.setattr(flags, "validate_server_args", lambda args: calls.append("flags"))
+    plugin._validate_server_args(object())
+    assert calls == ["hooks", "flags"]
 
 
 def test_register_is_idempotent(loaded_plugins):

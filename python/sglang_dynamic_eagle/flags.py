@@ -16,10 +16,11 @@ Flags (only used with ``--speculative-algorithm EAGLE3_DYNAMIC``):
 The values are not ``ServerArgs`` fields (``ServerArgs.from_cli_args`` copies dataclass
 fields only), so they travel in the environment instead:
 
-1. ``plugin.register()`` calls :func:`install_cli_hooks`, which registers two sglang
-   ``HookRegistry`` hooks: AFTER ``ServerArgs.add_cli_args`` (adds the flags to the parser)
-   and AROUND ``ServerArgs.from_cli_args`` (reads them from the namespace, validates them
-   and writes them as JSON to ``os.environ[ENV_VAR]`` *before* ``ServerArgs`` is built).
+1. Two sglang ``HookRegistry`` hooks (installed with all others by
+   ``upstream_internals.install_hooks``): :func:`after_add_cli_args` on
+   ``ServerArgs.add_cli_args`` adds the flags to the parser, and :func:`around_from_cli_args`
+   on ``ServerArgs.from_cli_args`` reads them from the namespace, validates them and writes
+   them as JSON to ``os.environ[ENV_VAR]`` *before* ``ServerArgs`` is built.
 2. sglang starts the scheduler processes with multiprocessing "spawn"; a spawned child
    inherits ``os.environ`` of the parent at start time, and calls ``load_plugins()``
    itself. There, :func:`current_flags` reads ``ENV_VAR``.
@@ -71,8 +72,6 @@ _FIELDS = {
     "switch_patience": (PATIENCE_FLAG, 1),
 }
 
-_ADD_CLI_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.add_cli_args"
-_FROM_CLI_ARGS_TARGET = "sglang.srt.server_args.ServerArgs.from_cli_args"
 
 
 @dataclass(frozen=True)
@@ -291,12 +290,16 @@ def _flags_given(args: argparse.Namespace) -> bool:
 _last_exported: Optional[str] = None
 
 
-def _after_add_cli_args(result, parser, *args, **kwargs):
+def after_add_cli_args(result, parser, *args, **kwargs):
+    """HookRegistry AFTER hook on ``ServerArgs.add_cli_args`` (a staticmethod: the hook gets
+    ``(result, parser)``)."""
     add_cli_args(parser)
     return result
 
 
-def _around_from_cli_args(original_fn, cls, args, *rest, **kwargs):
+def around_from_cli_args(original_fn, cls, args, *rest, **kwargs):
+    """HookRegistry AROUND hook on ``ServerArgs.from_cli_args`` (a classmethod: the hook gets
+    ``(original_fn, cls, args)``)."""
     global _last_exported
     flags = flags_from_namespace(args)
     previous = os.environ.get(ENV_VAR)
@@ -317,28 +320,6 @@ def _around_from_cli_args(original_fn, cls, args, *rest, **kwargs):
     export_flags(flags)
     _last_exported = os.environ[ENV_VAR]
     return original_fn(cls, args, *rest, **kwargs)
-
-
-_hooks_installed = False
-
-
-def install_cli_hooks() -> None:
-    """Register the ServerArgs CLI hooks with sglang's HookRegistry (idempotent).
-
-    ``load_plugins()`` applies them right after the plugins ran. HookRegistry unwraps
-    ``add_cli_args`` (a staticmethod) and ``from_cli_args`` (a classmethod) from the
-    class ``__dict__``, wraps the plain function and re-applies the decorator, so the
-    AFTER hook receives ``(result, parser)`` and the AROUND hook
-    ``(original_fn, cls, args)``.
-    """
-    global _hooks_installed
-    if _hooks_installed:
-        return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(_ADD_CLI_ARGS_TARGET, _after_add_cli_args, HookType.AFTER)
-    HookRegistry.register(_FROM_CLI_ARGS_TARGET, _around_from_cli_args, HookType.AROUND)
-    _hooks_installed = True
 
 
 # --------------------------------------------------------------------------------------

@@ -30,6 +30,12 @@ def _worker_class(server_args: ServerArgs) -> Type:
     return DynamicEagleWorker
 
 
+def _validate_server_args(server_args: ServerArgs) -> None:
+    """Runs inside ``ServerArgs.__post_init__``, after ``load_plugins()`` applied the hooks."""
+    upstream_internals.check_hooks_in_effect()
+    flags.validate_server_args(server_args)
+
+
 def register() -> None:
     """Register EAGLE3_DYNAMIC, its flags and its hooks. Idempotent."""
     if get_spec(ALGORITHM_NAME) is not None:
@@ -37,9 +43,8 @@ def register() -> None:
     SpeculativeAlgorithm.register(
         ALGORITHM_NAME,
         supports_overlap=True,
-        validate_server_args=flags.validate_server_args,
+        validate_server_args=_validate_server_args,
         spec_class=DynamicEagleSpecAlgo,
     )(_worker_class)
-    flags.install_cli_hooks()
     upstream_internals.install_hooks()
     logger.debug("Registered speculative algorithm %s", ALGORITHM_NAME)

@@ -1,24 +1,34 @@
-"""Every place this package relies on sglang 0.5.17 internals, in one list.
+"""Every place this package relies on sglang 0.5.17 internals, and every hook it installs.
 
-Each entry says what we use, why, and what upstream change would let us drop
-it. ``install_hooks`` registers the two HookRegistry hooks the package needs;
-everything else is subclassing or calling.
+``RELIANCES`` is data: what we use (``target``), of which kind (a HookRegistry hook, a subclass,
+a call of a private function, or a behaviour we depend on), how, why, and what upstream change
+would let us drop it; ``code`` names the dotted paths that must exist in the installed sglang
+(``test/test_upstream_internals.py`` resolves every one of them). ``HOOKS`` lists every
+HookRegistry hook, and :func:`install_hooks` installs all of them (from ``plugin.register``);
+:func:`check_hooks_in_effect` refuses to start, with one line, if sglang did not apply one.
 
-Checked against sglang 0.5.17 (the pinned version). A version bump must walk
-this list.
+Checked against sglang 0.5.17 (the pinned version). A version bump must walk this list.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Tuple
+from typing import Any, Callable, List, Tuple
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_dynamic_eagle.policy import DecodeMode
+from sglang_dynamic_eagle import flags, reporting_hooks, request_guards
 
 logger = logging.getLogger(__name__)
+
+HOOK = "hook"
+SUBCLASS = "subclass"
+PRIVATE_CALL = "private call"
+BEHAVIOUR = "behaviour"
+KINDS = (HOOK, SUBCLASS, PRIVATE_CALL, BEHAVIOUR)
+SUPPORTED_SGLANG = "0.5.17"
 
 
 @dataclass(frozen=True)
@@ -27,6 +37,9 @@ class UpstreamReliance:
     how: str
     why: str
     drop_when: str
+    kind: str
+    code: Tuple[str, ...] = ()
+    upstream: str = ""  # an upstream issue or PR, where one exists
 
 
 RELIANCES: Tuple[UpstreamReliance, ...] = (
@@ -38,6 +51,11 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         "calls need_topk; CustomSpecAlgo defines neither (crash at scheduler start), "
         "and EAGLE-3 aux-hidden capture, draft-KV sizing and verify graphs key on is_eagle3()",
         drop_when="CustomSpecAlgo gains these methods or a 'like EAGLE3' base",
+        kind=SUBCLASS,
+        code=(
+            "sglang.srt.speculative.spec_registry.CustomSpecAlgo",
+            "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_future_map",
+        ),
     ),
     UpstreamReliance(
         target="SpeculativeAlgorithm.EAGLE3.handle_server_args",
@@ -47,22 +65,35 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         why="CustomSpecAlgo.handle_server_args is a no-op: without this EAGLE3_DYNAMIC "
         "would get none of EAGLE3's defaults and checks",
         drop_when="sglang exposes per-runner graph batch sizes and a capacity hook",
+        kind=PRIVATE_CALL,
+        code=(
+            "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.EAGLE3.handle_server_args",
+        ),
     ),
     UpstreamReliance(
         target="sglang.srt.server_args.ServerArgs.add_cli_args / from_cli_args",
         how="HookRegistry AFTER hook on add_cli_args adds the three flags; AROUND hook on "
         "from_cli_args exports their values as JSON in SGLANG_DYNAMIC_EAGLE_FLAGS "
-        "(flags.install_cli_hooks)",
+        "(flags.after_add_cli_args, flags.around_from_cli_args)",
         why="from_cli_args copies dataclass fields only, so plugin flags cannot be "
         "ServerArgs fields; scheduler processes are started with multiprocessing spawn, "
         "inherit the launcher's environment and call load_plugins() themselves",
         drop_when="sglang lets plugins declare server arguments",
+        kind=HOOK,
+        code=(
+            "sglang.srt.server_args.ServerArgs.add_cli_args",
+            "sglang.srt.server_args.ServerArgs.from_cli_args",
+        ),
     ),
     UpstreamReliance(
         target="sglang.srt.arg_groups.overrides.resolved_view",
         how="read in flags.validate_server_args to see resolved values (DP attention)",
         why="validation runs inside ServerArgs.__post_init__, before every value is final",
         drop_when="validate_server_args receives resolved arguments",
+        kind=PRIVATE_CALL,
+        code=(
+            "sglang.srt.arg_groups.overrides.resolved_view",
+        ),
     ),
     UpstreamReliance(
         target="sglang.srt.model_executor.forward_batch_info.clamp_position",
@@ -70,6 +101,10 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         why="sglang JIT-compiles it on the first DECODE ForwardBatch; a speculative server "
         "never builds one, so the first switch to plain mode stalled 7 s (H200, 2026-11-29)",
         drop_when="sglang compiles its JIT kernels at start-up",
+        kind=PRIVATE_CALL,
+        code=(
+            "sglang.srt.model_executor.forward_batch_info.clamp_position",
+        ),
     ),
     UpstreamReliance(
         target="sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2",
@@ -79,6 +114,14 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         "worker's cuda_graph_runner / cuda_graph_runner_for_draft_extend / draft_runner",
         why="the product is EAGLE-3 plus a plain mode; the speculative step is reused as is",
         drop_when="never (this is the extension point); re-check the attribute names",
+        kind=SUBCLASS,
+        code=(
+            "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
+            "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.init_cuda_graphs",
+            "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.war_fastpath_runner",
+            "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.spec_v2_attn_backends",
+            "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.on_verify_complete_cpu",
+        ),
     ),
     UpstreamReliance(
         target="EagleDraftWorker._draft_extend_for_prefill",
@@ -86,6 +129,10 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         why="it is exactly the draft extend catch-up needs (shift tokens, LAST capture, "
         "topk seeds); re-implementing it would copy sglang code",
         drop_when="sglang exposes a public draft-extend-over-positions API",
+        kind=PRIVATE_CALL,
+        code=(
+            "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill",
+        ),
     ),
     UpstreamReliance(
         target="sglang.srt.model_executor.runner.DecodeCudaGraphRunner",
@@ -95,6 +142,10 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         why="a speculative server captures its target only in TARGET_VERIFY mode "
         "(decode_cuda_graph_runner.py: capture_forward_mode)",
         drop_when="DecodeCudaGraphRunner takes capture mode, width and batch sizes as arguments",
+        kind=SUBCLASS,
+        code=(
+            "sglang.srt.model_executor.runner.DecodeCudaGraphRunner.capture_prepare",
+        ),
     ),
     UpstreamReliance(
         target="ModelRunner._get_attention_backend / attn_backend / decode_cuda_graph_runner",
@@ -103,12 +154,20 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         why="ModelRunner dispatches graph replay through the one decode_cuda_graph_runner "
         "attribute, and graph state lives in the backend instance",
         drop_when="ModelRunner supports several decode graph runners keyed by forward mode",
+        kind=PRIVATE_CALL,
+        code=(
+            "sglang.srt.model_executor.model_runner.ModelRunner._get_attention_backend",
+        ),
     ),
     UpstreamReliance(
         target="ServerArgs._generate_decode_cuda_graph_batch_sizes",
         how="called with a non-speculative view to get the plain graph batch sizes",
         why="the plain graphs should cover what a server without speculation captures",
         drop_when="the batch-size generator becomes a public function",
+        kind=PRIVATE_CALL,
+        code=(
+            "sglang.srt.server_args.ServerArgs._generate_decode_cuda_graph_batch_sizes",
+        ),
     ),
     UpstreamReliance(
         target="Scheduler._forward_isolation (behaviour)",
@@ -117,6 +176,10 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         why="the scheduler snapshots and restores every ScheduleBatch field around a "
         "spec-v2 forward, as EAGLE's own verify relies on",
         drop_when="n/a (documented spec-v2 contract in 0.5.17)",
+        kind=BEHAVIOUR,
+        code=(
+            "sglang.srt.managers.scheduler.Scheduler._forward_isolation",
+        ),
     ),
     UpstreamReliance(
         target="eagle_prepare_for_decode KV reserve (behaviour)",
@@ -124,6 +187,10 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         why="spec v2 reserves at least two verify windows per request before the worker "
         "runs, so that slot always exists",
         drop_when="a per-mode reserve is hooked in (would also shrink plain-mode headroom)",
+        kind=BEHAVIOUR,
+        code=(
+            "sglang.srt.speculative.eagle_utils.eagle_prepare_for_decode",
+        ),
     ),
     UpstreamReliance(
         target="ModelRunner._preprocess_logits / ModelRunner.sampler",
@@ -133,18 +200,31 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         "mask but before the sampler's in-place temperature, as EAGLE's verify reports them; "
         "sample() gives no access to that point",
         drop_when="ModelRunner.sample can return spec-v2 shaped logprobs",
+        kind=PRIVATE_CALL,
+        code=(
+            "sglang.srt.model_executor.model_runner.ModelRunner._preprocess_logits",
+        ),
     ),
     UpstreamReliance(
         target="sglang.srt.layers.logprob_processor.compute_spec_v2_logprobs",
         how="called with one accepted row per request",
         why="the spec-v2 result processor reads logprobs as [bs, accepted]",
         drop_when="n/a (public helper)",
+        kind=PRIVATE_CALL,
+        code=(
+            "sglang.srt.layers.logprob_processor.compute_spec_v2_logprobs",
+        ),
     ),
     UpstreamReliance(
         target="sglang.srt.managers.scheduler.Scheduler.get_internal_state",
-        how="AFTER hook adds the 'dynamic_eagle' counters",
+        how="AFTER hook adds the worker's report under 'dynamic_eagle' "
+        "(reporting_hooks.add_report_to_internal_state)",
         why="/get_server_info returns this dict; there is no worker-stats extension point",
         drop_when="spec workers can contribute to get_internal_state",
+        kind=HOOK,
+        code=(
+            "sglang.srt.managers.scheduler.Scheduler.get_internal_state",
+        ),
     ),
     UpstreamReliance(
         target="sglang.srt.managers.scheduler_components.metrics_reporter."
@@ -154,6 +234,10 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         "with the labels of reporter.metrics_collector",
         why="no extension point for the decode log line or for spec-worker metrics",
         drop_when="spec workers can append to the decode log line",
+        kind=HOOK,
+        code=(
+            "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter.report_decode_stats",
+        ),
     ),
     UpstreamReliance(
         target="string comparisons of the algorithm name",
@@ -167,47 +251,140 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         "honoured); speculative_hook.py:45 -> Gemma4-draft guard skipped (Gemma4 "
         "drafts are not EAGLE-3 heads); the rest concern other algorithms",
         drop_when="sglang compares with predicates (is_eagle3()) everywhere",
+        kind=BEHAVIOUR,
+        code=(),
+    ),
+    UpstreamReliance(
+        target="graph replay on the runners' backends (step_costs.calibrate)",
+        how="runner.backend.replay(runner._make_graph_key(bs), None) inside "
+        "runner.backend.replay_session(), for every bucket in runner.capture_bs, timed with CUDA "
+        "events at start-up, on the buffers the capture left",
+        why="the automatic policy needs every bucket's cost before it has served that batch "
+        "size; sglang has no API to time a captured graph",
+        drop_when="sglang records per-graph replay times (or exposes a graph benchmark)",
+        kind=PRIVATE_CALL,
+        code=(
+            "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend.FullCudaGraphBackend.replay",
+            "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend.FullCudaGraphBackend.replay_session",
+            "sglang.srt.model_executor.runner.DecodeCudaGraphRunner._make_graph_key",
+        ),
+    ),
+    UpstreamReliance(
+        target="GroupCoordinator.cpu_group / world_size of the target's tp_group",
+        how="torch.distributed.all_reduce(MAX) of the cost vector on the TP group's gloo group "
+        "every 16 decode steps and once at start-up (step_costs.tp_max_reducer)",
+        why="every rank must decide from the same cost table; a CPU collective needs no GPU "
+        "synchronisation on the decode path",
+        drop_when="n/a (sglang's own CPU barrier uses the same group)",
+        kind=PRIVATE_CALL,
+        code=("sglang.srt.distributed.parallel_state.GroupCoordinator",),
+    ),
+    UpstreamReliance(
+        target="sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+        how="BEFORE hook checks client-sent input_ids against [0, vocab size) "
+        "(request_guards.check_request_token_ids); the ValueError becomes HTTP 400",
+        why="an out-of-vocabulary or negative id kills the scheduler with a CUDA device-side "
+        "assert in the embedding, losing every request in flight; sglang 0.5.17 defines "
+        "_validate_input_ids_in_vocab but never calls it (and it ignores negative ids)",
+        drop_when="sglang validates token ids of token prompts before scheduling them",
+        kind=HOOK,
+        code=("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",),
+    ),
+    UpstreamReliance(
+        target="sglang.srt.plugins.hook_registry.HookRegistry (behaviour)",
+        how="every hook above is registered in HOOKS and installed by install_hooks(); "
+        "missing_hooks() walks each target's wrapper chain for our hook",
+        why="apply_hooks logs a failed hook and carries on, so an sglang upgrade would show up as "
+        "a confusing argparse error or silently missing counters; the plugin instead refuses to "
+        "start with one line naming the hooks that are not in effect",
+        drop_when="apply_hooks raises (or reports) failures",
+        kind=BEHAVIOUR,
+        code=("sglang.srt.plugins.hook_registry.HookRegistry.apply_hooks",),
     ),
 )
 
-_GET_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
-_REPORT_DECODE_STATS = (
-    "sglang.srt.managers.scheduler_components.metrics_reporter."
-    "SchedulerMetricsReporter.report_decode_stats"
+
+@dataclass(frozen=True)
+class HookSpec:
+    target: str
+    hook: Callable
+    hook_type: HookType
+
+
+HOOKS: Tuple[HookSpec, ...] = (
+    HookSpec("sglang.srt.server_args.ServerArgs.add_cli_args", flags.after_add_cli_args,
+             HookType.AFTER),
+    HookSpec("sglang.srt.server_args.ServerArgs.from_cli_args", flags.around_from_cli_args,
+             HookType.AROUND),
+    HookSpec("sglang.srt.managers.scheduler.Scheduler.get_internal_state",
+             reporting_hooks.add_report_to_internal_state, HookType.AFTER),
+    HookSpec("sglang.srt.managers.scheduler_components.metrics_reporter."
+             "SchedulerMetricsReporter.report_decode_stats",
+             reporting_hooks.report_with_decode_stats, HookType.AFTER),
+    HookSpec("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+             request_guards.check_request_token_ids, HookType.BEFORE),
 )
 
-
-def _dynamic_worker(scheduler) -> Any:
-    from sglang_dynamic_eagle.worker import DynamicEagleWorker
-
-    worker = getattr(scheduler, "draft_worker", None)
-    return worker if isinstance(worker, DynamicEagleWorker) else None
-
-
-def _add_counters_to_internal_state(result, scheduler, *args, **kwargs):
-    worker = _dynamic_worker(scheduler)
-    if worker is not None:
-        result.internal_state["dynamic_eagle"] = worker.report()
-    return result
-
-
-def _log_counters_with_decode_stats(result, reporter, *args, **kwargs):
-    worker = _dynamic_worker(reporter.scheduler)
-    if (
-        worker is not None
-        and reporter.is_stats_logging_rank
-        and reporter.forward_ct_decode % reporter.decode_log_interval == 0
-    ):
-        logger.info(worker.counters.log_line())
-        if reporter.enable_metrics and reporter.metrics_collector is not None:
-            worker.metrics_export.update(
-                reporter.metrics_collector.labels,
-                worker.report(),
-                speculative=worker.mode is DecodeMode.SPECULATIVE,
-            )
-    return result
+_installed = False
 
 
 def install_hooks() -> None:
-    HookRegistry.register(_GET_INTERNAL_STATE, _add_counters_to_internal_state, HookType.AFTER)
-    HookRegistry.register(_REPORT_DECODE_STATS, _log_counters_with_decode_stats, HookType.AFTER)
+    """Register every hook in ``HOOKS`` with sglang's HookRegistry (idempotent); sglang's
+    ``load_plugins()`` applies them right after the plugins ran."""
+    global _installed
+    if _installed:
+        return
+    for spec in HOOKS:
+        HookRegistry.register(spec.target, spec.hook, spec.hook_type)
+    _installed = True
+
+
+def resolve(dotted: str) -> Any:
+    """The object at a dotted path: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for name in parts[split:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(f"no importable module in {dotted!r}")
+
+
+def _wraps_hook(obj: Any, hook: Callable) -> bool:
+    """Whether ``hook`` is in a closure along ``obj``'s ``__wrapped__`` chain."""
+    obj = getattr(obj, "__func__", obj)
+    while obj is not None:
+        for cell in getattr(obj, "__closure__", None) or ():
+            if cell.cell_contents is hook:
+                return True
+        obj = getattr(obj, "__wrapped__", None)
+    return False
+
+
+def missing_hooks() -> List[str]:
+    """Targets in ``HOOKS`` on which our hook is not in effect."""
+    missing = []
+    for spec in HOOKS:
+        try:
+            in_effect = _wraps_hook(resolve(spec.target), spec.hook)
+        except (ImportError, AttributeError):
+            in_effect = False
+        if not in_effect:
+            missing.append(spec.target)
+    return missing
+
+
+def check_hooks_in_effect() -> None:
+    """Raise a one-line RuntimeError naming every hook sglang did not apply."""
+    missing = missing_hooks()
+    if missing:
+        import sglang
+
+        raise RuntimeError(
+            f"sglang-dynamic-eagle: hooks not in effect on {', '.join(missing)}; this package "
+            f"supports sglang=={SUPPORTED_SGLANG} (installed: {sglang.__version__}); sglang's "
+            "HookRegistry logged why above (\"Failed to apply hooks\")."
+        )

@@ -26,6 +26,7 @@ from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cu
 from sglang.srt.speculative.eagle_utils import get_draft_input_from_target_hidden_dim
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
+from sglang_dynamic_eagle import upstream_internals
 from sglang_dynamic_eagle.auto_policy import AcceptanceEstimate, CostPolicy, CostPolicyConfig
 from sglang_dynamic_eagle.cost_model import (
     MeasuredCosts,
@@ -57,6 +58,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
     """See the module docstring."""
 
     def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker) -> None:
+        upstream_internals.check_hooks_in_effect()
         super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
         self.counters = ModeCounters()
         self.acceptance = AcceptanceEstimate()

@@ -9,7 +9,10 @@ numerical tie only if the plain server's top-2 logprob margin there is below
 
 from __future__ import annotations
 
+import json
 import random
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Sequence
 
@@ -182,3 +185,40 @@ def test_automatic_policy_measures_costs_and_stays_plain_without_acceptance(serv
     assert report["crossover_batch"] == 0
     assert len(report["speculative_step_ms"]) > 1 and len(report["plain_step_ms"]) > 1
     assert all(ms > 0 for ms in report["plain_step_ms"].values())
+
+
+def post_generate_status(server, input_ids: List[int]) -> tuple[int, str]:
+    """HTTP status and body of a /generate request that may be refused."""
+    request = urllib.request.Request(
+        server.url + "/generate",
+        data=json.dumps({"input_ids": input_ids, "sampling_params": {"max_new_tokens": 8}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_bad_token_ids_are_refused_while_the_load_is_served(servers, kit_models):
+    """Token ids outside the vocabulary get HTTP 400 naming the id, in the middle of a load
+    whose outputs still equal plain decoding's, and the server stays healthy."""
+    vocab_size = json.loads((kit_models / "llama8b" / "config.json").read_text())["vocab_size"]
+    prompts = make_prompts(16, seed=5)
+    server = servers["dynamic_auto"]
+    bad_prompts = ([5, -2, 7], [5, vocab_size, 7])
+    with ThreadPoolExecutor(max_workers=len(prompts) + len(bad_prompts)) as pool:
+        load = [pool.submit(server.generate, p["input_ids"], p["max_new_tokens"]) for p in prompts]
+        refused = [pool.submit(post_generate_status, server, ids) for ids in bad_prompts]
+        outputs = [future.result() for future in load]
+        statuses = [future.result() for future in refused]
+    plain = send_in_waves(servers["plain"], prompts, wave_size=16, top_logprobs_num=2)
+    ties, failures = compare_with_plain(outputs, plain)
+    health = urllib.request.urlopen(server.url + "/health", timeout=30).status
+    print(f"bad token ids: statuses {statuses}, load ties {ties}, failures {failures}, health {health}")
+    assert [status for status, _ in statuses] == [400, 400]
+    assert "input_ids[1] is -2" in statuses[0][1]
+    assert f"input_ids[1] is {vocab_size}" in statuses[1][1]
+    assert not failures
+    assert health == 200

@@ -1,0 +1,126 @@
+"""The registry of sglang internals: every named code path exists in the installed sglang, every
+hook is in effect after sglang's plugin loading, and a hook that is not fails start-up with one
+line. Also the token-id guard, which is one of those hooks."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_dynamic_eagle import request_guards, upstream_internals
+from sglang_dynamic_eagle.upstream_internals import HOOKS, KINDS, RELIANCES, HookSpec
+
+CODE_PATHS = sorted({path for reliance in RELIANCES for path in reliance.code})
+
+
+def test_every_reliance_is_complete() -> None:
+    for reliance in RELIANCES:
+        assert reliance.kind in KINDS, reliance.target
+        for field in ("target", "how", "why", "drop_when"):
+            assert getattr(reliance, field).strip(), (reliance.target, field)
+
+
+@pytest.mark.parametrize("path", CODE_PATHS)
+def test_code_path_exists_in_installed_sglang(path: str) -> None:
+    upstream_internals.resolve(path)
+
+
+def test_a_renamed_target_does_not_resolve() -> None:
+    with pytest.raises(AttributeError):
+        upstream_internals.resolve("sglang.srt.managers.scheduler.Scheduler.get_internal_state_v2")
+    with pytest.raises(ImportError):
+        upstream_internals.resolve("sglang_not_installed.module.name")
+
+
+def test_every_hook_target_is_listed_as_a_hook_reliance() -> None:
+    hook_paths = {path for r in RELIANCES if r.kind == upstream_internals.HOOK for path in r.code}
+    assert {spec.target for spec in HOOKS} <= hook_paths
+
+
+def test_every_hook_is_in_effect_after_load_plugins(loaded_plugins) -> None:
+    assert upstream_internals.missing_hooks() == []
+    upstream_internals.check_hooks_in_effect()
+
+
+def test_a_hook_that_was_not_applied_stops_start_up(loaded_plugins, monkeypatch) -> None:
+    def never_registered(*args, **kwargs):
+        return None
+
+    target = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+    monkeypatch.setattr(
+        upstream_internals, "HOOKS", HOOKS + (HookSpec(target, never_registered, HOOKS[2].hook_type),)
+    )
+    assert upstream_internals.missing_hooks() == [target]
+    with pytest.raises(RuntimeError) as excinfo:
+        upstream_internals.check_hooks_in_effect()
+    message = str(excinfo.value)
+    assert "\n" not in message and target in message and "sglang==0.5.17" in message
+
+
+def test_a_hook_on_a_missing_target_is_reported(loaded_plugins, monkeypatch) -> None:
+    target = "sglang.srt.managers.scheduler.Scheduler.renamed_method"
+    spec = HookSpec(target, request_guards.check_request_token_ids, HOOKS[0].hook_type)
+    monkeypatch.setattr(upstream_internals, "HOOKS", (spec,))
+    assert upstream_internals.missing_hooks() == [target]
+
+
+# --------------------------------------------------------------------------- token-id guard
+
+VOCAB = 512
+
+
+@pytest.mark.parametrize("ids", [[], [0], [5, 511, 7], list(range(VOCAB))])
+def test_token_ids_inside_the_vocabulary_pass(ids: list) -> None:
+    request_guards.check_token_ids(ids, VOCAB)
+
+
+@pytest.mark.parametrize(
+    ("ids", "position", "shown"),
+    [
+        ([5, -2, 7], 1, "-2"),
+        ([5, 512], 1, "512"),
+        ([10**12], 0, str(10**12)),
+        ([1, 2.0], 1, "2.0"),
+        ([True, 3], 0, "True"),
+        (["7"], 0, "'7'"),
+    ],
+)
+def test_token_ids_outside_the_vocabulary_are_refused(ids: list, position: int, shown: str) -> None:
+    with pytest.raises(ValueError) as excinfo:
+        request_guards.check_token_ids(ids, VOCAB)
+    message = str(excinfo.value)
+    assert "\n" not in message
+    assert f"input_ids[{position}] is {shown}" in message
+    assert f"[0, {VOCAB})" in message
+
+
+def _tokenizer_manager(vocab_size: int = VOCAB) -> SimpleNamespace:
+    return SimpleNamespace(model_config=SimpleNamespace(vocab_size=vocab_size))
+
+
+def test_guard_checks_client_ids_only() -> None:
+    manager = _tokenizer_manager()
+    text_request = SimpleNamespace(input_ids=None)
+    request_guards.check_request_token_ids(manager, text_request, [9999])
+    token_request = SimpleNamespace(input_ids=[1, 9999])
+    with pytest.raises(ValueError, match=r"input_ids\[1\] is 9999"):
+        request_guards.check_request_token_ids(manager, token_request, [1, 9999])
+    image_request = SimpleNamespace(input_ids=[1, 9999], image_data=["img"])
+    request_guards.check_request_token_ids(manager, image_request, [1, 9999])
+
+
+def test_guard_is_in_sglangs_request_validation(loaded_plugins) -> None:
+    """After plugin loading, sglang's own length check refuses out-of-vocabulary ids."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    manager = SimpleNamespace(
+        model_config=SimpleNamespace(vocab_size=VOCAB),
+        context_len=4096,
+        num_reserved_tokens=0,
+        allow_auto_truncate=False,
+        validate_total_tokens=True,
+    )
+    request = SimpleNamespace(input_ids=[5, -2, 7], sampling_params={"max_new_tokens": 4})
+    with pytest.raises(ValueError, match=r"input_ids\[1\] is -2"):
+        TokenizerManager._validate_one_request(manager, request, [5, -2, 7])
