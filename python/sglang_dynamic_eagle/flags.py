@@ -45,6 +45,7 @@ from functools import partial
 from typing import Any, Callable, Mapping, Optional
 
 from sglang_dynamic_eagle.policy import (
+    ALGORITHM_NAME,
     DEFAULT_ENABLE_BATCH_THRESHOLD,
     DEFAULT_SWITCH_PATIENCE,
     DISABLE_FLAG,
@@ -52,11 +53,11 @@ from sglang_dynamic_eagle.policy import (
     PATIENCE_FLAG,
     check_int_at_least,
 )
+from sglang_dynamic_eagle.unsupported import unsupported_reason
 
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "SGLANG_DYNAMIC_EAGLE_FLAGS"
-ALGORITHM_NAME = "EAGLE3_DYNAMIC"
 
 AUTO = "auto"
 
@@ -327,25 +328,6 @@ def around_from_cli_args(original_fn, cls, args, *rest, **kwargs):
 # --------------------------------------------------------------------------------------
 
 
-def _resolved(server_args):
-    """sglang's mid-resolution view (fields other handlers declared but not yet wrote)."""
-    try:
-        from sglang.srt.arg_groups.overrides import resolved_view
-
-        return resolved_view(server_args)
-    except Exception:  # pragma: no cover - older/newer sglang without the view
-        return server_args
-
-
-def _unsupported(flag: str, why: str, fix: str) -> ValueError:
-    return ValueError(
-        f"--speculative-algorithm {ALGORITHM_NAME} does not support {flag}: {why}; {fix}."
-    )
-
-
-_USE_EAGLE3 = "use --speculative-algorithm EAGLE3 instead"
-
-
 def validate_server_args(server_args) -> None:
     """Refuse EAGLE3_DYNAMIC configurations that cannot work, before any GPU work.
 
@@ -374,83 +356,6 @@ def validate_server_args(server_args) -> None:
             "--speculative-draft-model-path (an EAGLE-3 draft model for the target)."
         )
 
-    view = _resolved(server_args)
-
-    def get(name, default=None):
-        return getattr(view, name, getattr(server_args, name, default))
-
-    if get("enable_dp_attention", False):
-        raise _unsupported(
-            "--enable-dp-attention",
-            "each DP rank schedules its own decode batch, so ranks would pick different "
-            "modes (this needs an all-reduce of the mode decision, not implemented)",
-            f"remove --enable-dp-attention or {_USE_EAGLE3}",
-        )
-    if (get("pp_size", 1) or 1) > 1:
-        raise _unsupported(
-            "--pp-size > 1",
-            "the plain-decode path and draft catch-up are written for one pipeline stage",
-            "use --pp-size 1",
-        )
-    if get("speculative_adaptive", False):
-        raise _unsupported(
-            "--speculative-adaptive",
-            f"{ALGORITHM_NAME} replaces adaptive speculation (it switches between "
-            "speculative and plain decoding itself)",
-            "remove --speculative-adaptive",
-        )
-    if get("enable_two_batch_overlap", False):
-        raise _unsupported(
-            "--enable-two-batch-overlap",
-            "the plain-decode path is not implemented for two micro-batches",
-            f"remove --enable-two-batch-overlap or {_USE_EAGLE3}",
-        )
-    if get("enable_pdmux", False):
-        raise _unsupported(
-            "--enable-pdmux",
-            "PD-multiplexing runs its own decode path, which does not switch modes",
-            "remove --enable-pdmux",
-        )
-    disagg = get("disaggregation_mode", "null")
-    if disagg not in (None, "null"):
-        raise _unsupported(
-            f"--disaggregation-mode {disagg}",
-            "the prefill-to-decode handover of draft state is not implemented for it",
-            f"run without --disaggregation-mode or {_USE_EAGLE3}",
-        )
-    if get("enable_lora", False) or get("lora_paths", None):
-        raise _unsupported(
-            "LoRA (--enable-lora / --lora-paths)",
-            "the plain-decode path is not implemented for LoRA batches",
-            "remove --enable-lora and --lora-paths",
-        )
-    topk = get("speculative_eagle_topk", None)
-    if topk is not None and topk > 1:
-        raise _unsupported(
-            f"--speculative-eagle-topk {topk}",
-            "the plain-to-speculative draft catch-up is implemented for chain drafting only",
-            "use --speculative-eagle-topk 1",
-        )
-    if get("enable_attn_tp_input_scattered", False):
-        raise _unsupported(
-            "--enable-attn-tp-input-scattered",
-            'sglang compares the algorithm name with "EAGLE3" as a string '
-            "(layers/communicator.py) and would enable scattered input, which EAGLE-3 "
-            "does not support",
-            "remove --enable-attn-tp-input-scattered",
-        )
-    if get("use_ray", False):
-        raise _unsupported(
-            "--use-ray",
-            "sglang's Ray scheduler actors (srt/ray/scheduler_actor.py) do not call "
-            "load_plugins() and do not inherit the launcher's environment, so they know "
-            "neither the algorithm nor its flags",
-            "run without --use-ray",
-        )
-    if get("speculative_use_rejection_sampling", False):
-        raise _unsupported(
-            "--speculative-use-rejection-sampling",
-            'sglang enables it only for algorithm names "EAGLE"/"EAGLE3" '
-            "(arg_groups/speculative_hook.py)",
-            "remove --speculative-use-rejection-sampling",
-        )
+    reason = unsupported_reason(server_args)
+    if reason is not None:
+        raise ValueError(reason)

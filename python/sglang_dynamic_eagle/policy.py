@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 DEFAULT_ENABLE_BATCH_THRESHOLD = 16
 DEFAULT_SWITCH_PATIENCE = 4
 
+ALGORITHM_NAME = "EAGLE3_DYNAMIC"
 DISABLE_FLAG = "--speculative-disable-batch-threshold"
 ENABLE_FLAG = "--speculative-enable-batch-threshold"
 PATIENCE_FLAG = "--speculative-switch-patience"

@@ -87,7 +87,7 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
     ),
     UpstreamReliance(
         target="sglang.srt.arg_groups.overrides.resolved_view",
-        how="read in flags.validate_server_args to see resolved values (DP attention)",
+        how="read in unsupported.unsupported_reason to see resolved values (DP attention)",
         why="validation runs inside ServerArgs.__post_init__, before every value is final",
         drop_when="validate_server_args receives resolved arguments",
         kind=PRIVATE_CALL,
@@ -242,7 +242,7 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
     UpstreamReliance(
         target="string comparisons of the algorithm name",
         how="not patched: each one is either irrelevant or rejected at startup "
-        "(flags.validate_server_args)",
+        "(the table in unsupported.py)",
         why="adaptive_spec_params.py:54 ('EAGLE','EAGLE3') -> --speculative-adaptive "
         "rejected; speculative_hook.py:614 -> --speculative-use-rejection-sampling "
         "rejected; layers/communicator.py:281 != 'EAGLE3' -> "
