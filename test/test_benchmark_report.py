@@ -145,6 +145,12 @@ def test_speculative_flags_per_configuration():
     assert flags[configs.DYNAMIC]["--speculative-disable-batch-threshold"] == ("24",)
     assert "--speculative-adaptive" not in flags[configs.EAGLE3]
     assert "--speculative-disable-batch-threshold" not in flags[configs.EAGLE3]
+    fixed = flags[configs.DYNAMIC_FIXED]
+    assert fixed["--speculative-algorithm"] == ("EAGLE3_DYNAMIC",)
+    assert (fixed["--speculative-disable-batch-threshold"], fixed["--speculative-enable-batch-threshold"],
+            fixed["--speculative-switch-patience"]) == (("24",), ("16",), ("4",))
+    for flag, value in draft_shape.items():
+        assert fixed[flag] == value, flag
 
 
 def test_draft_load_format_only_with_a_load_format():
@@ -505,6 +511,25 @@ def test_throughput_table_shows_ratio_to_best_other():
             ratio = row_values[config] / max(v for c, v in row_values.items() if c != config)
             assert f"({ratio:.2f}x)" in cell
             assert cell.startswith("**") == (config == best)
+
+
+def test_baseline_ratio_table_divides_by_the_better_of_plain_and_eagle3():
+    values = {(1, "plain"): 200.0, (1, "eagle3"): 400.0, (1, "dynamic"): 380.0, (1, "dynamic-fixed"): 400.0,
+              (64, "plain"): 6000.0, (64, "eagle3"): 4000.0, (64, "dynamic"): 6000.0,
+              (64, "dynamic-fixed"): 5400.0}
+    document = document_with([ok_run(c, n, v) for (n, c), v in values.items()],
+                             ["plain", "eagle3", "dynamic", "dynamic-fixed"])
+    table = report.baseline_ratio_table(document)
+    assert table[0] == "| config | 1 | 64 | geometric mean |"
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]] for line in table[2:]}
+    assert rows["dynamic"] == ["0.950", "1.000", f"{(0.95 * 1.0) ** 0.5:.3f}"]
+    assert rows["dynamic-fixed"] == ["1.000", "0.900", f"{(1.0 * 0.9) ** 0.5:.3f}"]
+
+
+def test_baseline_ratio_table_needs_both_baselines():
+    document = document_with([ok_run("plain", 1, 200.0), ok_run("dynamic", 1, 210.0)], ["plain", "dynamic"])
+    assert report.baseline_ratio_table(document) == [
+        "No EAGLE3_DYNAMIC run with both plain and EAGLE3 runs beside it."]
 
 
 def test_latency_table_and_failed_runs_are_left_out():

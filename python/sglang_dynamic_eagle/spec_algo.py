@@ -110,8 +110,9 @@ class DynamicEagleSpecAlgo(CustomSpecAlgo):
         if user_max_running_requests is None:
             server_args.max_running_requests = None
             logger.info(
-                "%s: max running requests left to the KV-cache capacity "
-                "(EAGLE's cap of 48 is not applied; plain mode serves large batches).",
+                "%s: EAGLE's cap of 48 running requests (sglang's \"reset to 48\" warning "
+                "above) is undone: max running requests are left to the KV-cache capacity, "
+                "as without speculation, because plain mode serves large batches.",
                 ALGORITHM_NAME,
             )
         _limit_speculative_graphs(server_args)
