@@ -38,7 +38,8 @@ def eval_set() -> dict:
 
 @pytest.fixture(scope="session")
 def tiny_servers() -> Iterator[Dict[str, Server]]:
-    """Plain, EAGLE3 and EAGLE3_DYNAMIC servers of the tiny trained pair."""
+    """Plain, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds, and automatic) servers of the tiny
+    trained pair."""
     common = ["--model-path", str(TINY_PAIR / "target"), "--dtype", TINY_PAIR_DTYPE,
               *COMMON_SERVER_ARGS, "--cuda-graph-max-bs", "32"]
     draft = eagle3_args(TINY_PAIR / "draft", dummy=False)
@@ -50,6 +51,8 @@ def tiny_servers() -> Iterator[Dict[str, Server]]:
         "tiny_dynamic": common + ["--mem-fraction-static", "0.5",
                                   "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                   *TINY_DYNAMIC_FLAGS],
+        "tiny_dynamic_auto": common + ["--mem-fraction-static", "0.5",
+                                       "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft],
     }
     with running_servers(specs, env=tiny_pair_server_env()) as started:
         yield started

@@ -8,7 +8,9 @@
   acceptance within 10% of always-on EAGLE3 on the same prompts;
 * capacity: 128 concurrent requests run more than 48 at once (EAGLE's cap);
 * logprobs: requests asking for them get one per output token in either mode,
-  equal to the plain server's.
+  equal to the plain server's;
+* automatic policy (the default): bursts of 16 and lone requests give exactly the plain
+  server's tokens, and the server reports what it measured and decided.
 """
 
 from __future__ import annotations
@@ -176,3 +178,35 @@ def test_logprob_requests_in_both_modes(tiny_servers, eval_set):
             worst = max(worst, abs(logprob - reference_logprob))
     print(f"logprobs: largest difference from the plain server {worst:.2e}")
     assert worst < LOGPROB_TOLERANCE
+
+
+def test_automatic_policy_is_lossless_and_reports_its_decisions(tiny_servers, eval_set):
+    prompts = eval_set["prompts"]
+    lengths = mixed_lengths(len(prompts), seed=5)
+    auto = tiny_servers["tiny_dynamic_auto"]
+    burst, rest = slice(0, 16), slice(16, None)
+    outputs = send(auto, prompts[burst], lengths[burst], 16) + send_in_waves(
+        auto, prompts[rest], lengths[rest]
+    )
+    report = auto.dynamic_counters()
+    plain_server = tiny_servers["tiny_plain"]
+    plain = send(plain_server, prompts[burst], lengths[burst], 16) + send_in_waves(
+        plain_server, prompts[rest], lengths[rest]
+    )
+    differences = [
+        i for i, (o, p) in enumerate(zip(outputs, plain))
+        if first_difference(o["output_ids"], p["output_ids"]) is not None
+    ]
+    print(
+        f"tiny automatic policy: differences {differences}, policy {report['policy']}, "
+        f"acceptance {report['acceptance_estimate']}, crossover {report['crossover_batch']}, "
+        f"probes {report['probes']}, speculative steps {report['speculative_steps']}, plain "
+        f"steps {report['plain_steps']}, switches {report['switches_to_plain']}/"
+        f"{report['switches_to_speculative']}, plain ms {report['plain_step_ms']}, "
+        f"speculative ms {report['speculative_step_ms']}"
+    )
+    assert report["policy"] == "auto"
+    assert not differences
+    assert report["speculative_steps"] > 0
+    assert report["acceptance_estimate"] > 1.5  # the trained draft accepts about 2.4 tokens
+    assert report["plain_step_ms"] and report["speculative_step_ms"]
