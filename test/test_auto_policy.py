@@ -471,11 +471,13 @@ def test_missing_cost_of_the_current_mode_is_no_probe() -> None:
     assert policy.report()["probes"] == 0
 
 
-def test_missing_cost_above_last_bucket_probes() -> None:
-    # A batch inside the graph limit but above the table's last bucket has no cost.
+def test_missing_cost_above_last_bucket_keeps_the_mode() -> None:
+    # A batch inside the graph limit but above the table's last bucket has no cost, and no
+    # probe could measure one (there is no bucket to time it in): the mode is kept.
     table = flat_table(10.0, 10.0, buckets=(1, 2, 4, 8))
     policy = make(probe_steps=P, refresh_interval=R)
-    assert feed(policy, [20] * P, table, 2.0) == [PLAIN] * P
+    assert feed(policy, [20] * (2 * P), table, 2.0) == [SPEC] * (2 * P)
+    assert policy.report()["probes"] == 0
 
 
 def refresh_expected(r: int, p: int, total: int) -> tuple[list[DecodeMode], int]:

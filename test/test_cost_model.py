@@ -87,7 +87,7 @@ def test_lookup_picks_smallest_bucket_holding_batch() -> None:
 @pytest.mark.parametrize("batch", [9, 10, 1000])
 def test_lookup_above_last_bucket_is_unknown(batch: int) -> None:
     lookup = ModeCosts((1, 2, 4, 8), (1.0, 2.0, 3.0, 4.0), (True,) * 4).lookup(batch)
-    assert (lookup.bucket, lookup.step_ms, lookup.measured) == (batch, None, False)
+    assert (lookup.bucket, lookup.step_ms, lookup.measured) == (None, None, False)
 
 
 def test_lookup_empty_mode_is_unknown() -> None:

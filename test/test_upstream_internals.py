@@ -99,6 +99,13 @@ def _tokenizer_manager(vocab_size: int = VOCAB) -> SimpleNamespace:
     return SimpleNamespace(model_config=SimpleNamespace(vocab_size=vocab_size))
 
 
+def test_numpy_integer_ids_pass_and_numpy_bad_ids_are_refused() -> None:
+    numpy = pytest.importorskip("numpy")
+    request_guards.check_token_ids(list(numpy.array([1, 2, 511], dtype=numpy.int64)), VOCAB)
+    with pytest.raises(ValueError, match=r"input_ids\[2\]"):
+        request_guards.check_token_ids(list(numpy.array([1, 2, 512], dtype=numpy.int32)), VOCAB)
+
+
 def test_guard_checks_client_ids_only() -> None:
     manager = _tokenizer_manager()
     text_request = SimpleNamespace(input_ids=None)

@@ -191,8 +191,8 @@ class CostPolicy:
             # The current mode's cost is being measured by this very step; the other's needs a probe.
             missing = plain if self._mode is DecodeMode.SPECULATIVE else spec
             other = DecodeMode.PLAIN if self._mode is DecodeMode.SPECULATIVE else DecodeMode.SPECULATIVE
-            if missing.step_ms is not None:
-                return self._mode
+            if missing.step_ms is not None or missing.bucket is None:
+                return self._mode  # beyond the other mode's buckets nothing could be measured
             return self._probe_cost(other, missing.bucket) or self._mode
         estimate = self._config.max_acceptance if acceptance is None else acceptance
         gain = speculative_gain(estimate, plain.step_ms, spec.step_ms)

@@ -27,7 +27,7 @@ DEFAULT_WINDOW = 9
 class CostLookup:
     """One mode's cost at one batch size."""
 
-    bucket: int  # the CUDA-graph batch size the step runs at
+    bucket: Optional[int]  # the CUDA-graph batch size the step runs at; None beyond the last
     step_ms: Optional[float]  # None: neither measured nor estimated
     measured: bool  # timed from real steps on this server, not only estimated
 
@@ -48,10 +48,10 @@ class ModeCosts:
 
     def lookup(self, batch_size: int) -> CostLookup:
         """The cost at the smallest bucket that holds ``batch_size`` (beyond the last bucket:
-        unknown)."""
+        no bucket, no cost)."""
         index = bisect.bisect_left(self.buckets, batch_size)
         if index == len(self.buckets):
-            return CostLookup(bucket=batch_size, step_ms=None, measured=False)
+            return CostLookup(bucket=None, step_ms=None, measured=False)
         return CostLookup(self.buckets[index], self.step_ms[index], self.measured[index])
 
     def as_dict(self) -> Dict[str, float]:

@@ -11,19 +11,27 @@ every server that loads this package, speculative or not.
 
 from __future__ import annotations
 
+import numbers
 from typing import Sequence
 
 MULTIMODAL_FIELDS = ("image_data", "video_data", "audio_data")
 
 
+def _is_token_id_type(token: object) -> bool:
+    """An integer (Python or numpy, as the Python API may pass), not a bool."""
+    return isinstance(token, numbers.Integral) and not isinstance(token, bool)
+
+
 def check_token_ids(input_ids: Sequence[object], vocab_size: int) -> None:
-    """Raise a one-line ValueError naming the first id that is not an int in [0, vocab_size)."""
-    if all(type(token) is int for token in input_ids) and (
+    """Raise a one-line ValueError naming the first id that is not an integer in
+    [0, vocab_size)."""
+    plain_ints = all(type(token) is int for token in input_ids)  # the fast, common case
+    if (plain_ints or all(_is_token_id_type(token) for token in input_ids)) and (
         not input_ids or (min(input_ids) >= 0 and max(input_ids) < vocab_size)
     ):
         return
     for position, token in enumerate(input_ids):
-        if type(token) is not int or not 0 <= token < vocab_size:
+        if not _is_token_id_type(token) or not 0 <= token < vocab_size:
             raise ValueError(
                 f"input_ids[{position}] is {token!r}, not a token id of this model: token ids "
                 f"must be integers in [0, {vocab_size})."

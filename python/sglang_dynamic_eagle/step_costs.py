@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
 
 from sglang_dynamic_eagle.cost_model import CostTable, MeasuredCosts
 from sglang_dynamic_eagle.policy import DecodeMode
@@ -71,17 +72,25 @@ def _time_replays(runners: Sequence, batch_size: int, repeats: int) -> Optional[
     return start.elapsed_time(end) / repeats
 
 
+def _replays_whole_graphs(runner) -> bool:
+    """Only full CUDA graphs replay without a forward batch: breakable and piecewise graphs run
+    eager pieces that read per-batch state, which capture-time buffers do not provide."""
+    return isinstance(runner.backend, FullCudaGraphBackend)
+
+
 def calibrate(
     mode_runners: Dict[DecodeMode, Sequence],
     buckets: Dict[DecodeMode, Sequence[int]],
     repeats: int = CALIBRATION_REPEATS,
 ) -> Dict[DecodeMode, Dict[int, float]]:
     """Graph-replay milliseconds per mode and bucket; a mode whose graphs cannot be replayed
-    (no graphs, or a graph backend without plain replay) is left uncalibrated."""
+    (no graphs, or not full CUDA graphs) is left uncalibrated and measured online only."""
     table: Dict[DecodeMode, Dict[int, float]] = {}
     for mode, runners in mode_runners.items():
         table[mode] = {}
-        if not runners:
+        if not runners or not all(_replays_whole_graphs(runner) for runner in runners):
+            logger.info("EAGLE3_DYNAMIC: no full CUDA graphs to time for %s steps; their costs "
+                        "are measured online only.", mode.value)
             continue
         try:
             for bucket in buckets[mode]:
@@ -92,7 +101,7 @@ def calibrate(
             logger.exception("EAGLE3_DYNAMIC: %s graph replay timing failed; that mode "
                              "starts uncalibrated and is measured online.", mode.value)
             table[mode] = {}
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
     return table
 
 
@@ -107,8 +116,9 @@ class _PendingSample:
 class StepTimer:
     """Per-mode decode step costs from the events at the end of consecutive decode steps.
 
-    The first ``settle_steps`` steps after a mode change or an interruption give no sample:
-    they carry the switch (graph and allocator warm-up, the other mode's last work in flight).
+    The first step of a run (after a mode change or an interruption) has no earlier end to be
+    measured from; the next ``settle_steps`` give no sample either: they carry the switch (graph
+    and allocator warm-up, the other mode's last work in flight).
     """
 
     def __init__(self, settle_steps: int = 1) -> None:

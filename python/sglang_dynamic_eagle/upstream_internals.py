@@ -358,8 +358,11 @@ def _wraps_hook(obj: Any, hook: Callable) -> bool:
     obj = getattr(obj, "__func__", obj)
     while obj is not None:
         for cell in getattr(obj, "__closure__", None) or ():
-            if cell.cell_contents is hook:
-                return True
+            try:
+                if cell.cell_contents is hook:
+                    return True
+            except ValueError:  # an empty cell
+                continue
         obj = getattr(obj, "__wrapped__", None)
     return False
 
@@ -370,7 +373,7 @@ def missing_hooks() -> List[str]:
     for spec in HOOKS:
         try:
             in_effect = _wraps_hook(resolve(spec.target), spec.hook)
-        except (ImportError, AttributeError):
+        except Exception:  # any failure to find the target means the hook is not in effect
             in_effect = False
         if not in_effect:
             missing.append(spec.target)
@@ -386,5 +389,6 @@ def check_hooks_in_effect() -> None:
         raise RuntimeError(
             f"sglang-dynamic-eagle: hooks not in effect on {', '.join(missing)}; this package "
             f"supports sglang=={SUPPORTED_SGLANG} (installed: {sglang.__version__}); sglang's "
-            "HookRegistry logged why above (\"Failed to apply hooks\")."
+            "HookRegistry logged why above (\"Failed to apply hooks\"), unless another plugin "
+            "wrapped the target without functools.wraps."
         )
