@@ -99,6 +99,13 @@ class DraftCatchup:
         self.device = device
         self.gpu_time = GpuIntervals()
 
+    def _on_device(self, values: Sequence[int]) -> torch.Tensor:
+        """An int64 device tensor of ``values``, copied from pinned memory without making the
+        host wait for the GPU (a copy from pageable memory would synchronise the stream)."""
+        pinned = torch.device(self.device).type == "cuda"
+        host = torch.tensor(values, dtype=torch.int64, pin_memory=pinned)
+        return host.to(self.device, non_blocking=pinned)
+
     @property
     def stash_bytes(self) -> int:
         return self._tokens.nbytes + self._hidden.nbytes
@@ -160,7 +167,7 @@ class DraftCatchup:
 
     def run(self, draft_worker, batch: ScheduleBatch, plan: CatchupPlan) -> None:
         """Rebuild the missed draft KV and the draft fields of ``batch.spec_info``."""
-        rows = torch.tensor(plan.rows, dtype=torch.int64, device=self.device)
+        rows = self._on_device(plan.rows)
         sub_batch, aux_hidden_states = self._extend_batch(draft_worker, batch, plan, rows)
         draft_input: EagleDraftInput = batch.spec_info
         seeds = draft_worker._draft_extend_for_prefill(
@@ -181,7 +188,7 @@ class DraftCatchup:
         """An EXTEND view of the rows to catch up over their missed positions,
         and the stashed target aux hidden states of those positions."""
         num_tokens = plan.num_tokens
-        lengths = torch.tensor(plan.lengths, dtype=torch.int64, device=self.device)
+        lengths = self._on_device(plan.lengths)
         seq_lens = batch.seq_lens[rows].to(torch.int64)
         seq_lens_cpu = (
             batch.seq_lens_cpu[plan.rows]
