@@ -108,9 +108,13 @@ def test_cli_parses_all_three_flags():
 
 def test_cli_absent_flags_parse_to_none_and_resolve_to_defaults():
     args = _parser().parse_args([])
-    assert getattr(args, flags.DISABLE_DEST) is None
-    assert getattr(args, flags.ENABLE_DEST) is None
-    assert getattr(args, flags.PATIENCE_DEST) is None
+    for spec in flags.FLAG_SPECS:
+        assert getattr(args, spec.dest) is None, spec.flag
+    assert [spec.dest for spec in flags.FLAG_SPECS] == [
+        "speculative_disable_batch_threshold",
+        "speculative_enable_batch_threshold",
+        "speculative_switch_patience",
+    ]
     assert flags.flags_from_namespace(args) == flags.DEFAULT_FLAGS
 
 

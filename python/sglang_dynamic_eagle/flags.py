@@ -42,7 +42,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 from sglang_dynamic_eagle.policy import (
     ALGORITHM_NAME,
@@ -60,18 +60,6 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "SGLANG_DYNAMIC_EAGLE_FLAGS"
 
 AUTO = "auto"
-
-# argparse destinations (attribute names on the parsed namespace)
-DISABLE_DEST = "speculative_disable_batch_threshold"
-ENABLE_DEST = "speculative_enable_batch_threshold"
-PATIENCE_DEST = "speculative_switch_patience"
-
-# field name -> (flag, minimum)
-_FIELDS = {
-    "disable_batch_threshold": (DISABLE_FLAG, 0),
-    "enable_batch_threshold": (ENABLE_FLAG, 0),
-    "switch_patience": (PATIENCE_FLAG, 1),
-}
 
 
 
@@ -150,6 +138,66 @@ def _argparse_type(check: Callable[[str], Any], expected: str) -> Callable[[str]
     return convert
 
 
+@dataclass(frozen=True)
+class FlagSpec:
+    """One flag, declared once: its DynamicEagleFlags field (also its JSON key in ENV_VAR), its
+    command-line name, how a given value is checked, and its help text."""
+
+    field: str
+    flag: str
+    metavar: str
+    check: Callable[[Any], Any]  # a given value (text or JSON) -> the value; ValueError names the flag
+    expected: str  # what argparse says a bad value should have been
+    help: str
+
+    @property
+    def dest(self) -> str:
+        """The argparse destination: the flag without dashes, in snake case."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+FLAG_SPECS: Tuple[FlagSpec, ...] = (
+    FlagSpec(
+        field="disable_batch_threshold",
+        flag=DISABLE_FLAG,
+        metavar="{auto,N}",
+        check=_check_disable_threshold,
+        expected=f"'{AUTO}' or an integer >= 0",
+        help=(
+            f"'{AUTO}' (the default): speculate while the step costs and acceptance measured on "
+            "this server say a speculative step yields more tokens per second than a plain one. "
+            "A number N uses fixed thresholds instead: speculation turns off when the running "
+            "decode batch is larger than N for K consecutive decode steps (K = "
+            f"{PATIENCE_FLAG}); 0 = always speculate, except above the largest speculative "
+            "CUDA-graph batch."
+        ),
+    ),
+    FlagSpec(
+        field="enable_batch_threshold",
+        flag=ENABLE_FLAG,
+        metavar="M",
+        check=partial(_check_value, ENABLE_FLAG, minimum=0),
+        expected="an integer >= 0",
+        help=(
+            "With a numeric N only: speculation turns back on only when the running decode "
+            "batch is at most M for K consecutive decode steps. Must be <= N. "
+            f"Default: max(1, min({DEFAULT_ENABLE_BATCH_THRESHOLD}, 2*N//3))."
+        ),
+    ),
+    FlagSpec(
+        field="switch_patience",
+        flag=PATIENCE_FLAG,
+        metavar="K",
+        check=partial(_check_value, PATIENCE_FLAG, minimum=1),
+        expected="an integer >= 1",
+        help=(
+            "Consecutive decode steps that must qualify before the mode switches, with either "
+            f"policy (>= 1). Default: {DEFAULT_SWITCH_PATIENCE}."
+        ),
+    ),
+)
+
+
 def resolve_flags(
     disable_batch_threshold: Any = None,
     enable_batch_threshold: Any = None,
@@ -161,33 +209,26 @@ def resolve_flags(
     EAGLE3_DYNAMIC is selected), so a server that does not use the algorithm is not
     refused because of these flags.
     """
-    n = None if disable_batch_threshold is None else _check_disable_threshold(disable_batch_threshold)
+    disable, enable, patience = (spec.check for spec in FLAG_SPECS)
+    n = None if disable_batch_threshold is None else disable(disable_batch_threshold)
     if enable_batch_threshold is not None:
-        m = _check_value(ENABLE_FLAG, enable_batch_threshold, 0)
+        m = enable(enable_batch_threshold)
     elif n is None:
         m = None
     else:
         m = derived_enable_threshold(n)
-    if switch_patience is None:
-        k = DEFAULT_SWITCH_PATIENCE
-    else:
-        k = _check_value(PATIENCE_FLAG, switch_patience, 1)
+    k = DEFAULT_SWITCH_PATIENCE if switch_patience is None else patience(switch_patience)
     return DynamicEagleFlags(
         disable_batch_threshold=n, enable_batch_threshold=m, switch_patience=k
     )
 
 
 def flags_from_mapping(data: Mapping[str, Any], source: str = ENV_VAR) -> DynamicEagleFlags:
-    unknown = sorted(set(data) - set(_FIELDS))
+    fields = sorted(spec.field for spec in FLAG_SPECS)
+    unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ValueError(
-            f"{source}: unknown key(s) {unknown}; allowed keys are {sorted(_FIELDS)}."
-        )
-    return resolve_flags(
-        data.get("disable_batch_threshold"),
-        data.get("enable_batch_threshold"),
-        data.get("switch_patience"),
-    )
+        raise ValueError(f"{source}: unknown key(s) {unknown}; allowed keys are {fields}.")
+    return resolve_flags(**{spec.field: data.get(spec.field) for spec in FLAG_SPECS})
 
 
 def current_flags() -> DynamicEagleFlags:
@@ -226,65 +267,26 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         return
     group = parser.add_argument_group(
         f"{ALGORITHM_NAME} (sglang-dynamic-eagle)",
-        f"Used only with --speculative-algorithm {ALGORITHM_NAME}: EAGLE-3 while the "
-        "running decode batch is small, plain decoding while it is large.",
+        f"Used only with --speculative-algorithm {ALGORITHM_NAME}: EAGLE-3 while speculation "
+        "pays, plain decoding while it does not.",
     )
-    group.add_argument(
-        DISABLE_FLAG,
-        dest=DISABLE_DEST,
-        type=_argparse_type(_check_disable_threshold, f"'{AUTO}' or an integer >= 0"),
-        default=None,
-        metavar="{auto,N}",
-        help=(
-            f"'{AUTO}' (the default): speculate while the step costs and acceptance "
-            "measured on this server say a speculative step yields more tokens per second "
-            "than a plain one. A number N uses fixed thresholds instead: speculation turns "
-            "off when the running decode batch is larger than N for K consecutive decode "
-            "steps (K = --speculative-switch-patience); 0 = always speculate, except above "
-            "the largest speculative CUDA-graph batch. "
-            f"Only applies with --speculative-algorithm {ALGORITHM_NAME}."
-        ),
-    )
-    group.add_argument(
-        ENABLE_FLAG,
-        dest=ENABLE_DEST,
-        type=_argparse_type(partial(_check_value, ENABLE_FLAG, minimum=0), "an integer >= 0"),
-        default=None,
-        metavar="M",
-        help=(
-            "With a numeric N only: speculation turns back on only when the running decode "
-            "batch is at most M for K consecutive decode steps. Must be <= N. "
-            f"Default: max(1, min({DEFAULT_ENABLE_BATCH_THRESHOLD}, 2*N//3)). "
-            f"Only applies with --speculative-algorithm {ALGORITHM_NAME}."
-        ),
-    )
-    group.add_argument(
-        PATIENCE_FLAG,
-        dest=PATIENCE_DEST,
-        type=_argparse_type(partial(_check_value, PATIENCE_FLAG, minimum=1), "an integer >= 1"),
-        default=None,
-        metavar="K",
-        help=(
-            "Consecutive decode steps that must qualify before the mode switches, with "
-            f"either policy (>= 1). Default: {DEFAULT_SWITCH_PATIENCE}. "
-            f"Only applies with --speculative-algorithm {ALGORITHM_NAME}."
-        ),
-    )
+    for spec in FLAG_SPECS:
+        group.add_argument(
+            spec.flag,
+            dest=spec.dest,
+            type=_argparse_type(spec.check, spec.expected),
+            default=None,
+            metavar=spec.metavar,
+            help=f"{spec.help} Only applies with --speculative-algorithm {ALGORITHM_NAME}.",
+        )
 
 
 def flags_from_namespace(args: argparse.Namespace) -> DynamicEagleFlags:
-    return resolve_flags(
-        getattr(args, DISABLE_DEST, None),
-        getattr(args, ENABLE_DEST, None),
-        getattr(args, PATIENCE_DEST, None),
-    )
+    return resolve_flags(**{spec.field: getattr(args, spec.dest, None) for spec in FLAG_SPECS})
 
 
 def _flags_given(args: argparse.Namespace) -> bool:
-    return any(
-        getattr(args, dest, None) is not None
-        for dest in (DISABLE_DEST, ENABLE_DEST, PATIENCE_DEST)
-    )
+    return any(getattr(args, spec.dest, None) is not None for spec in FLAG_SPECS)
 
 
 # The ENV_VAR value this module last wrote; used to tell a user-set value apart.
