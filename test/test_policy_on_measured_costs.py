@@ -1,0 +1,135 @@
+"""The automatic policy on the cost table an H200 server measured (8B-shaped model, EAGLE-3 with
+3 steps and 4 draft tokens; `/server_info` after the c=128 run of sweep b in
+benchmark/results/2026-12-01-h200-dummy8b-auto-switching-acc1.6), driven by benchmark-shaped
+batch-size traces: at each concurrency the steady batch must run the mode that yields more
+tokens per second at the given acceptance, with few switches. The fixed thresholds that were
+the default before (N=24, M=16) speculate at batch 16 with acceptance 1.6, where this table says
+plain decoding is 1.4x faster: the scenario tells the two apart."""
+
+from __future__ import annotations
+
+from typing import List
+
+import pytest
+
+from sglang_dynamic_eagle.auto_policy import CostPolicy, CostPolicyConfig
+from sglang_dynamic_eagle.cost_model import CostTable, ModeCosts, crossover_batch, speculative_gain
+from sglang_dynamic_eagle.policy import (
+    DecodeMode,
+    StepObservation,
+    ThresholdPolicy,
+    ThresholdPolicyConfig,
+)
+
+SPEC = DecodeMode.SPECULATIVE
+PLAIN = DecodeMode.PLAIN
+
+PLAIN_MS = {1: 5.102, 2: 5.102, 4: 5.144, 8: 5.176, 12: 5.574, 16: 5.639, 24: 6.118, 32: 6.209,
+            40: 6.325, 48: 7.931, 56: 8.02, 64: 8.159, 72: 8.311, 80: 8.449, 88: 8.519,
+            96: 9.874, 104: 9.924, 112: 10.187, 120: 10.228, 128: 10.383}
+SPECULATIVE_MS = {1: 7.733, 2: 7.67, 3: 8.273, 4: 8.347, 5: 8.961, 6: 8.966, 7: 8.944, 8: 9.029,
+                  10: 11.663, 12: 11.749, 14: 12.363, 16: 12.492, 18: 13.132, 20: 13.249,
+                  22: 13.822, 24: 14.018, 26: 14.58, 28: 14.831, 30: 15.366, 32: 15.538,
+                  40: 17.259, 44: 18.249, 48: 19.414}
+CATCHUP_MS = 4.673
+MAX_SPECULATIVE_BATCH = 48
+WAVES = 2
+OUTPUT_TOKENS = 256
+
+
+def measured(costs: dict) -> ModeCosts:
+    buckets = tuple(sorted(costs))
+    return ModeCosts(buckets, tuple(costs[b] for b in buckets), (True,) * len(buckets))
+
+
+TABLE = CostTable(measured(PLAIN_MS), measured(SPECULATIVE_MS), CATCHUP_MS)
+
+
+def benchmark_trace(concurrency: int, steady_steps: int) -> tuple[List[int], List[bool]]:
+    """Batch sizes of `WAVES` waves of `concurrency` requests (ramp as prompts are prefilled,
+    steady, drain as they finish), and which steps are steady."""
+    step = max(1, concurrency // 8)
+    sizes: List[int] = []
+    steady: List[bool] = []
+    for _ in range(WAVES):
+        ramp = list(range(1, concurrency, step))
+        drain = list(range(concurrency - step, 0, -step))
+        sizes += ramp + [concurrency] * steady_steps + drain
+        steady += [False] * len(ramp) + [True] * steady_steps + [False] * len(drain)
+    return sizes, steady
+
+
+def run(policy, sizes: List[int], acceptance: float) -> List[DecodeMode]:
+    return [policy.decide(StepObservation(bs, TABLE, acceptance)) for bs in sizes]
+
+
+def best_mode(batch: int, acceptance: float) -> DecodeMode:
+    if batch > MAX_SPECULATIVE_BATCH:
+        return PLAIN
+    gain = speculative_gain(
+        acceptance, TABLE.plain.lookup(batch).step_ms, TABLE.speculative.lookup(batch).step_ms
+    )
+    return SPEC if gain > 1 else PLAIN
+
+
+def auto_policy(acceptance_window_steps: int = 4096) -> CostPolicy:
+    return CostPolicy(
+        CostPolicyConfig(
+            switch_patience=4,
+            max_speculative_batch=MAX_SPECULATIVE_BATCH,
+            max_acceptance=4.0,
+            refresh_interval=acceptance_window_steps,
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("acceptance", "concurrency", "expected"),
+    [
+        (1.6, 1, SPEC), (1.6, 16, PLAIN), (1.6, 32, PLAIN), (1.6, 64, PLAIN), (1.6, 128, PLAIN),
+        (3.0, 1, SPEC), (3.0, 4, SPEC), (3.0, 16, SPEC), (3.0, 32, SPEC), (3.0, 64, PLAIN),
+        (3.0, 128, PLAIN),
+    ],
+)
+def test_steady_batches_run_the_faster_mode(acceptance: float, concurrency: int, expected) -> None:
+    assert best_mode(concurrency, acceptance) is expected  # what the table says
+    sizes, steady = benchmark_trace(concurrency, steady_steps=int(OUTPUT_TOKENS / acceptance))
+    modes = run(auto_policy(), sizes, acceptance)
+    steady_modes = [mode for mode, is_steady in zip(modes, steady) if is_steady]
+    # Each steady stretch may spend the patience (4 steps) on its way into the right mode.
+    wrong = [mode for mode in steady_modes if mode is not expected]
+    assert len(wrong) <= 4 * WAVES, (acceptance, concurrency, wrong)
+    switches = sum(a is not b for a, b in zip(modes, modes[1:]))
+    assert switches <= 2 * WAVES + 2, (acceptance, concurrency, switches)
+
+
+def test_near_break_even_the_policy_keeps_speculating() -> None:
+    # Batch 4 at acceptance 1.6: gain 0.99, inside the margin; speculation goes on.
+    assert 0.97 < speculative_gain(1.6, PLAIN_MS[4], SPECULATIVE_MS[4]) < 1.0
+    sizes, _ = benchmark_trace(4, steady_steps=160)
+    assert set(run(auto_policy(), sizes, 1.6)) == {SPEC}
+
+
+def test_crossover_moves_with_acceptance() -> None:
+    assert crossover_batch(TABLE, 1.0) == 0
+    assert crossover_batch(TABLE, 1.6) == 2
+    assert crossover_batch(TABLE, 3.0) == 48
+
+
+def test_fixed_thresholds_speculate_where_plain_decoding_is_faster() -> None:
+    """The negative control: the old default speculates through the steady batch of 16."""
+    sizes, steady = benchmark_trace(16, steady_steps=160)
+    policy = ThresholdPolicy(ThresholdPolicyConfig(24, 16, 4, MAX_SPECULATIVE_BATCH))
+    modes = [policy.decide(StepObservation(bs)) for bs in sizes]
+    steady_modes = {mode for mode, is_steady in zip(modes, steady) if is_steady}
+    assert best_mode(16, 1.6) is PLAIN and steady_modes == {SPEC}
+
+
+def test_no_acceptance_refresh_probes_at_high_load() -> None:
+    # Above the speculative graphs (batch 64) no probe is due however long plain decoding runs.
+    policy = CostPolicy(
+        CostPolicyConfig(switch_patience=4, max_speculative_batch=MAX_SPECULATIVE_BATCH,
+                         max_acceptance=4.0, refresh_interval=64)
+    )
+    modes = run(policy, [64] * 2000, 1.6)
+    assert set(modes) == {PLAIN} and policy.report()["probes"] == 0
