@@ -469,3 +469,8 @@ def test_crossover_looks_up_plain_at_enclosing_bucket() -> None:
 def test_crossover_empty_speculative_buckets() -> None:
     table = CostTable(mode_costs({1: 1.0}), ModeCosts((), (), ()))
     assert crossover_batch(table, 4.0) == 0
+
+
+def test_measured_buckets_lists_the_timed_entries() -> None:
+    costs = ModeCosts((1, 2, 4), (1.0, 2.0, 3.0), (True, False, True))
+    assert costs.measured_buckets() == [1, 4]

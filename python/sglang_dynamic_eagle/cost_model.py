@@ -54,6 +54,10 @@ class ModeCosts:
             return CostLookup(bucket=None, step_ms=None, measured=False)
         return CostLookup(self.buckets[index], self.step_ms[index], self.measured[index])
 
+    def measured_buckets(self) -> List[int]:
+        """Buckets whose cost was timed on this server (the others are estimates)."""
+        return [bucket for bucket, measured in zip(self.buckets, self.measured) if measured]
+
     def as_dict(self) -> Dict[str, float]:
         return {
             str(bucket): round(ms, 3)

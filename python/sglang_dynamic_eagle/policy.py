@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Union
 
 if TYPE_CHECKING:
     from sglang_dynamic_eagle.auto_policy import CostTable
@@ -39,7 +39,7 @@ ENABLE_FLAG = "--speculative-enable-batch-threshold"
 PATIENCE_FLAG = "--speculative-switch-patience"
 _GRAPH_LIMIT_NAME = "max_speculative_batch (largest speculative CUDA-graph batch)"
 
-ReportValue = Union[int, float, str, Dict[str, float]]
+ReportValue = Union[int, float, str, Dict[str, float], List[int]]
 
 
 class DecodeMode(str, enum.Enum):

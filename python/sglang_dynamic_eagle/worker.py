@@ -314,6 +314,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             "crossover_batch": self.crossover_batch(),
             "plain_step_ms": table.plain.as_dict(),
             "speculative_step_ms": table.speculative.as_dict(),
+            "plain_buckets_measured": table.plain.measured_buckets(),
+            "speculative_buckets_measured": table.speculative.measured_buckets(),
             "catchup_ms": round(table.catchup_ms, 3),
             "max_plain_graph_batch": self._plain_graphs.max_bs,
             "plain_graph_capture_s": round(self._plain_graphs.capture_seconds, 2),
