@@ -1,0 +1,1 @@
+"""The stages of models/train_tiny_pair.py: corpus, tokenizer, target, draft, evaluation, export."""
