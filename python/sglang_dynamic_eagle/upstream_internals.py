@@ -13,15 +13,12 @@ Checked against sglang 0.5.17 (the pinned version). A version bump must walk thi
 from __future__ import annotations
 
 import importlib
-import logging
 from dataclasses import dataclass
 from typing import Any, Callable, List, Tuple
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_dynamic_eagle import flags, reporting_hooks, request_guards
-
-logger = logging.getLogger(__name__)
 
 HOOK = "hook"
 SUBCLASS = "subclass"

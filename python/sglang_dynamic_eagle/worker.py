@@ -268,9 +268,13 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             self._costs.interrupt()
             self.counters.record_catchup(plan.num_tokens, plan.truncated_tokens)
 
-    def _measure(self, mode: DecodeMode, batch_size: int) -> None:
+    def _harvest_catchup_timings(self) -> None:
+        """Feed the cost tracker the catch-ups whose GPU timing has completed (no waiting)."""
         for catchup_ms in self._catchup.gpu_time.finished():
             self._costs.add_catchup(catchup_ms)
+
+    def _measure(self, mode: DecodeMode, batch_size: int) -> None:
+        self._harvest_catchup_timings()
         if self._costs.step_done(mode, batch_size):
             self._log_crossover_change()
 
@@ -303,8 +307,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
 
     def report(self) -> Dict[str, ReportValue]:
         """Counters, policy state, cost table and static facts, for /server_info."""
-        for catchup_ms in self._catchup.gpu_time.finished():
-            self._costs.add_catchup(catchup_ms)
+        self._harvest_catchup_timings()
         table = self._costs.table
         return {
             **self.counters.snapshot(),

@@ -30,7 +30,8 @@ TINY_DYNAMIC_FLAGS = [
     "--speculative-enable-batch-threshold", "2",
     "--speculative-switch-patience", "2",
 ]
-LOG_DIR = Path(os.environ.get("OUT", "/tmp"))
+# Server logs (server_<name>.log) go here; run_on_device.sh points it at its output folder.
+LOG_DIR = Path(os.environ.get("SGLANG_DE_LOG_DIR", "/tmp"))
 # test/gpu/native_ops_plugin: float32 servers need it (sglang's CUDA rmsnorm takes no float32).
 NATIVE_OPS_ENV = "SGLANG_DE_TEST_NATIVE_OPS"
 NATIVE_OPS_PLUGIN = "dynamic_eagle_test_native_ops"

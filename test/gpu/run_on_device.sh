@@ -10,6 +10,7 @@ export KIT_DIR
 source "$KIT_DIR/setup.sh" || exit 1
 python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . -e test/gpu/native_ops_plugin || exit 1
 export OUT=${OUT:-/tmp/gpu-test-out}
+export SGLANG_DE_LOG_DIR=$OUT
 mkdir -p "$OUT"
 # Default: the tiny-pair suite (float32, exact comparisons; about 7 minutes). The 8B-shaped
 # bf16 module needs a call of its own: run_on_device.sh test/gpu/test_dynamic_eagle_dummy8b.py
