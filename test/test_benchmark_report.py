@@ -284,6 +284,9 @@ def test_parse_bench_result_reads_metrics_and_ttft_details():
     assert diag["requests_with_text_only_in_last_chunk"] == sum(1 for i in itls if not i)
     assert diag["requests_without_visible_text"] == 0
     assert diag["median_ttft_to_median_e2e"] == pytest.approx(line["median_ttft_ms"] / 700.0)
+    deciles = diag["ttft_deciles_ms"]
+    assert len(deciles) == 9 and deciles == sorted(deciles)
+    assert deciles[0] >= 20.0 and deciles[-1] <= 700.0
 
 
 def test_requests_that_never_show_text_are_counted_apart():
@@ -292,6 +295,7 @@ def test_requests_that_never_show_text_are_counted_apart():
     assert diag["requests_without_visible_text"] == 2
     assert diag["first_request_ttft_ms"] is None
     assert diag["requests_with_text_only_in_last_chunk"] == 1
+    assert diag["ttft_deciles_ms"] is None  # one visible request has no spread
 
 
 def test_read_new_lines_returns_only_complete_new_lines(tmp_path):

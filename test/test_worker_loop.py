@@ -82,6 +82,23 @@ class FakeCosts:
         self.catchup_samples.append(catchup_ms)
 
 
+@dataclass
+class FakePrefillTimer:
+    """Records the order of PrefillTimer calls."""
+
+    calls: List[str] = field(default_factory=list)
+
+    def start(self, num_tokens: int) -> str:
+        self.calls.append(f"start {num_tokens}")
+        return "events"
+
+    def target_done(self, events: str) -> None:
+        self.calls.append("target done")
+
+    def stop(self, events: str) -> None:
+        self.calls.append("stop")
+
+
 @pytest.fixture
 def worker(monkeypatch):
     """A DynamicEagleWorker without a GPU: EAGLE's own step and verify hook are recorded."""
@@ -90,6 +107,11 @@ def worker(monkeypatch):
 
     def eagle_step(self, batch, on_publish=None, grammar_barrier=None):
         eagle_calls.append(batch.forward_mode.name)
+        if batch.forward_mode.is_extend() and on_publish is not None:
+            # Like EAGLEWorkerV2: publish between the target extend and the draft extend.
+            self.prefill_timer.calls.append("target extend")
+            on_publish("new seq lens")
+            self.prefill_timer.calls.append("draft extend")
         return SimpleNamespace(can_run_cuda_graph=True)
 
     def eagle_verify_hook(self, num_correct_drafts_per_req, batch_size=0):
@@ -105,6 +127,7 @@ def worker(monkeypatch):
     instance._catchup = catchup
     instance._plain_step = FakePlainStep(catchup)
     instance._costs = FakeCosts()
+    instance.prefill_timer = FakePrefillTimer()
     instance._draft_worker = None
     instance.plan_stream = None
     instance._last_step_plain = False
@@ -119,6 +142,7 @@ def make_batch(mode: ForwardMode, slots: Sequence[int]) -> SimpleNamespace:
         forward_mode=mode,
         is_extend_in_batch=mode.is_extend(),
         reqs=reqs,
+        extend_num_tokens=10 * len(reqs) if mode.is_extend() else None,
         batch_size=lambda: len(reqs),
         spec_info=object(),
     )
@@ -157,6 +181,24 @@ def test_prefill_forgets_what_plain_steps_left_to_catch_up(worker) -> None:
     decode(worker, [0, 1])  # speculative: only slot 0 still misses draft KV
     assert worker._catchup.caught_up == [[0]]
     assert worker.counters.catchup_tokens == 2
+
+
+@pytest.mark.parametrize("scheduler_publishes", [True, False], ids=["overlap", "non-overlap"])
+def test_a_prefill_is_timed_in_two_parts_and_published_once(worker, scheduler_publishes) -> None:
+    published: List[str] = []
+    on_publish = published.append if scheduler_publishes else None
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [1, 2]), on_publish)
+    assert worker.prefill_timer.calls == [
+        "start 20", "target extend", "target done", "draft extend", "stop"
+    ]
+    assert published == (["new seq lens"] if scheduler_publishes else [])
+    assert worker.counters.speculative_steps == worker.counters.plain_steps == 0
+
+
+def test_decode_steps_are_not_timed_as_prefills(worker) -> None:
+    decode(worker, [0])
+    decode(worker, range(10))
+    assert worker.prefill_timer.calls == []
 
 
 def test_idle_batches_take_eagles_path_and_break_timing(worker) -> None:

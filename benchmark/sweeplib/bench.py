@@ -192,6 +192,7 @@ def ttft_diagnostics(result_line: dict) -> dict:
     succeeded = [i for i in range(len(ttfts_s)) if not errors[i]]
     visible = [i for i in succeeded if ttfts_s[i] > 0]
     later_ttfts_ms = [ttfts_s[i] * 1000 for i in visible if i != 0]
+    visible_ttfts_ms = sorted(ttfts_s[i] * 1000 for i in visible)
     median_ttft = result_line.get("median_ttft_ms")
     median_e2e = result_line.get("median_e2e_latency_ms")
     return {
@@ -203,6 +204,12 @@ def ttft_diagnostics(result_line: dict) -> dict:
         ),
         "median_ttft_to_median_e2e": (
             median_ttft / median_e2e if median_ttft is not None and median_e2e else None
+        ),
+        # The shape of the TTFT distribution: bursts of arrivals queue behind each other's
+        # prefills, so a median alone can sit on the edge between two bursts.
+        "ttft_deciles_ms": (
+            [round(q, 1) for q in statistics.quantiles(visible_ttfts_ms, n=10, method="inclusive")]
+            if len(visible_ttfts_ms) >= 2 else None
         ),
     }
 

@@ -24,6 +24,10 @@ OPTIONAL_COUNTER_FIELDS: tuple[str, ...] = (
     "catchup_gpu_ms",
     "speculative_verified_requests",
     "speculative_accepted_tokens",
+    "prefill_batches",
+    "prefill_tokens",
+    "prefill_target_gpu_ms",
+    "prefill_draft_gpu_ms",
 )
 MEAN_ACCEPT_FIELD = "mean_accept_length"
 RUN_ACCEPT_FIELD = "speculative_accept_length"

@@ -132,6 +132,36 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         ),
     ),
     UpstreamReliance(
+        target="sglang.srt.models.llama_eagle3.LlamaDecoderLayer",
+        how="subclassed (draft_prefill.LastPositionDraftLayer) and swapped in as the class "
+        "of a one-layer LlamaForCausalLMEagle3 draft's layer; its forward restates "
+        "sglang's input-layer forward with the post-attention norm and MLP on the last "
+        "row of each request",
+        why="sglang runs the draft MLP over every prompt token in a prefill, and only the "
+        "last row of each request is read (LogitsProcessor pruning, LAST hidden capture)",
+        drop_when="sglang prunes draft-extend rows before the MLP (or lets a model skip "
+        "rows nobody reads); the source fingerprint check refuses the swap if the "
+        "layer's forward changes",
+        kind=SUBCLASS,
+        code=(
+            "sglang.srt.models.llama_eagle3.LlamaDecoderLayer.forward",
+            "sglang.srt.models.llama_eagle3.LlamaForCausalLMEagle3",
+            "sglang.srt.layers.logits_processor.LogitsProcessor._get_pruned_states",
+        ),
+    ),
+    UpstreamReliance(
+        target="EAGLEWorkerV2.forward_batch_generation on_publish (behaviour)",
+        how="the worker always passes an on_publish callback to a prefill and marks the "
+        "end of the target extend there (prefill_timing)",
+        why="sglang calls on_publish between the target extend and the draft extend, the "
+        "one point between the two inside its prefill",
+        drop_when="sglang times the stages of a speculative prefill itself",
+        kind=BEHAVIOUR,
+        code=(
+            "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
+        ),
+    ),
+    UpstreamReliance(
         target="sglang.srt.model_executor.runner.DecodeCudaGraphRunner",
         how="subclassed (plain_decode_graphs.PlainDecodeCudaGraphRunner), built while "
         "model_runner.spec_algorithm is NONE, decode.bs is the plain list and "

@@ -11,7 +11,9 @@ same collectives), then runs
 
 After the step it hands the step's end to the cost tracker (``step_costs``), and verify results
 to the acceptance estimate. Prefill batches always take EAGLE-3's path (target extend + draft
-extend), so new requests start with a correct draft context in either mode.
+extend), so new requests start with a correct draft context in either mode; the draft extend
+runs the draft's MLP only at each request's last position (``draft_prefill``), and
+``prefill_timing`` measures both parts.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from sglang_dynamic_eagle.cost_model import (
 )
 from sglang_dynamic_eagle.counters import ModeCounters
 from sglang_dynamic_eagle.draft_catchup import DraftCatchup, catchup_budget_bytes, choose_window
+from sglang_dynamic_eagle.draft_prefill import use_last_position_mlp
 from sglang_dynamic_eagle.flags import current_flags
 from sglang_dynamic_eagle.plain_decode_graphs import PlainDecodeGraphs, plain_decode_batch_sizes
 from sglang_dynamic_eagle.plain_step import PlainDecodeStep, req_pool_indices
@@ -47,6 +50,7 @@ from sglang_dynamic_eagle.policy import (
     ThresholdPolicy,
     ThresholdPolicyConfig,
 )
+from sglang_dynamic_eagle.prefill_timing import PrefillTimer
 from sglang_dynamic_eagle.prometheus_metrics import MetricsExport
 from sglang_dynamic_eagle.spec_algo import speculative_graph_max_bs
 from sglang_dynamic_eagle.step_costs import DecodeCostTracker, calibrate, tp_max_reducer
@@ -63,6 +67,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self.counters = ModeCounters()
         self.acceptance = AcceptanceEstimate()
         self.metrics_export = MetricsExport()  # used with --enable-metrics
+        self.prefill_timer = PrefillTimer()
+        self._last_position_draft_mlp = use_last_position_mlp(self._draft_worker.draft_runner.model)
         self._flags = current_flags()
         self._policy: Optional[DecodePolicy] = None
         self._plain_graphs: Optional[PlainDecodeGraphs] = None
@@ -232,11 +238,13 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None
     ) -> GenerationBatchResult:
         is_extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
-        if is_extend:
-            self._catchup.forget(req_pool_indices(batch))
         if is_extend or batch.forward_mode.is_idle():
             self._last_step_plain = False
             self._costs.interrupt()
+        if is_extend:
+            self._catchup.forget(req_pool_indices(batch))
+            return self._prefill(batch, on_publish, grammar_barrier)
+        if batch.forward_mode.is_idle():
             return super().forward_batch_generation(batch, on_publish, grammar_barrier)
 
         batch_size = batch.batch_size()
@@ -249,6 +257,22 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._last_step_plain = mode is DecodeMode.PLAIN
         self.counters.record_step(mode, batch_size, ran_graph=bool(result.can_run_cuda_graph))
         self._measure(mode, batch_size)
+        return result
+
+    def _prefill(
+        self, batch: ScheduleBatch, on_publish, grammar_barrier
+    ) -> GenerationBatchResult:
+        """EAGLE-3's prefill, timed in two parts: sglang's worker publishes between the
+        target extend and the draft extend (in non-overlap mode too, when given a callback)."""
+        events = self.prefill_timer.start(batch.extend_num_tokens or 0)
+
+        def publish(new_seq_lens) -> None:
+            self.prefill_timer.target_done(events)
+            if on_publish is not None:
+                on_publish(new_seq_lens)
+
+        result = super().forward_batch_generation(batch, publish, grammar_barrier)
+        self.prefill_timer.stop(events)
         return result
 
     # -- decode steps ----------------------------------------------------
@@ -325,6 +349,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             "plain_graph_memory_gib": round(self._plain_graphs.capture_gib, 3),
             "catchup_window": self._catchup.window,
             "catchup_stash_mib": round(self._catchup.stash_bytes / 2**20, 1),
+            "draft_prefill": "last-position" if self._last_position_draft_mlp else "full",
+            **self.prefill_timer.report(),
         }
 
 

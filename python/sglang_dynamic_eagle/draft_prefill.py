@@ -1,0 +1,140 @@
+"""Draft prefill that runs the draft's MLP only where a proposal is read.
+
+A one-layer EAGLE-3 draft's K/V at a position come from that position's token embedding and
+target hidden states alone (the input layer's qkv projection). After a prefill (and after a
+draft-KV catch-up, which is the same EXTEND forward) only each request's last position is
+read: the logits processor keeps the last row of every request, and so does the LAST hidden
+capture that seeds the first draft step. sglang's layer still runs the post-attention norm and
+the MLP (about 60% of the layer's matmul work at Llama-8B shapes) over every prompt token.
+
+:class:`LastPositionDraftLayer` runs embedding, norms, qkv and attention (which writes the K/V
+of every position) over all rows as sglang does, and the post-attention norm and MLP over the
+last row of each request only; the other rows of its output are zeros, which nothing reads.
+Per row the arithmetic is sglang's; a GEMM over fewer rows may round differently in the last
+bit, which can change a draft proposal (acceptance), never an output token (the target
+verifies every one).
+
+It applies to EXTEND forwards that capture LAST hidden states without logprobs, outside CUDA
+graph capture (a captured graph has fixed shapes; prefills that replay a prefill graph keep
+sglang's full layer). Drafts of another architecture or with more than one layer keep sglang's
+path. The swap is refused, with one log line, when sglang's layer code is not the code this
+was written against (``UPSTREAM_LAYER_FINGERPRINT``). ``SGLANG_DYNAMIC_EAGLE_DRAFT_PREFILL=full``
+keeps sglang's layer (for comparison, or should a draft misbehave).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import os
+from typing import Optional, Tuple
+
+import torch
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.models import llama_eagle3
+
+logger = logging.getLogger(__name__)
+
+# sha256 (first 16 hex digits) of inspect.getsource(llama_eagle3.LlamaDecoderLayer.forward)
+# in sglang 0.5.17, whose computation LastPositionDraftLayer.forward restates.
+UPSTREAM_LAYER_FINGERPRINT = "bec5abf514869c7e"
+DRAFT_PREFILL_ENV = "SGLANG_DYNAMIC_EAGLE_DRAFT_PREFILL"
+LAST_POSITION = "last-position"
+FULL = "full"
+
+
+def draft_prefill_choice() -> str:
+    """The environment's choice (checked at server start-up)."""
+    choice = os.environ.get(DRAFT_PREFILL_ENV, LAST_POSITION)
+    if choice not in (LAST_POSITION, FULL):
+        raise ValueError(
+            f"{DRAFT_PREFILL_ENV}={choice!r} is invalid: set it to {LAST_POSITION} (the "
+            f"default: the draft MLP only where a proposal is read) or {FULL} (sglang's "
+            "layer over every prompt token), or unset it."
+        )
+    return choice
+
+
+def upstream_layer_fingerprint() -> str:
+    source = inspect.getsource(llama_eagle3.LlamaDecoderLayer.forward)
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def last_rows(forward_batch: ForwardBatch, hidden_states: torch.Tensor) -> Optional[torch.Tensor]:
+    """Row index of every request's last extended position, or None where the full layer
+    must run (not a plain EXTEND, hidden capture other than LAST, logprobs, graph capture, or
+    nothing to skip)."""
+    if forward_batch.forward_mode != ForwardMode.EXTEND:
+        return None
+    if not forward_batch.capture_hidden_mode.is_last() or forward_batch.return_logprob:
+        return None
+    if forward_batch.extend_seq_lens is None or hidden_states.shape[0] <= forward_batch.batch_size:
+        return None
+    if hidden_states.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    return torch.cumsum(forward_batch.extend_seq_lens, dim=0) - 1
+
+
+def _rows_into_zeros(values: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
+    full = values.new_zeros((num_rows, values.shape[-1]))
+    full[rows] = values
+    return full
+
+
+class LastPositionDraftLayer(llama_eagle3.LlamaDecoderLayer):
+    """sglang's EAGLE-3 input layer with the MLP restricted to the rows that are read."""
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        embeds: torch.Tensor,
+        hidden_states: torch.Tensor,
+        forward_batch: ForwardBatch,
+        residual: Optional[torch.Tensor],
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        rows = last_rows(forward_batch, hidden_states) if self.is_input_layer else None
+        if rows is None:
+            return super().forward(positions, embeds, hidden_states, forward_batch, residual)
+        residual = hidden_states
+        attention_input = torch.cat(
+            [self.input_layernorm(embeds), self.hidden_norm(hidden_states)], dim=-1
+        )
+        attention_output = self.self_attn(
+            positions=positions, hidden_states=attention_input, forward_batch=forward_batch
+        )
+        last_hidden, last_residual = self.post_attention_layernorm(
+            attention_output[rows], residual[rows]
+        )
+        num_rows = hidden_states.shape[0]
+        return (
+            _rows_into_zeros(self.mlp(last_hidden), rows, num_rows),
+            _rows_into_zeros(last_residual, rows, num_rows),
+        )
+
+
+def swap_reason(draft_model: torch.nn.Module) -> Optional[str]:
+    """Why the draft keeps sglang's layer (None: the swap applies)."""
+    if draft_prefill_choice() == FULL:
+        return f"{DRAFT_PREFILL_ENV}={FULL}"
+    if type(draft_model) is not llama_eagle3.LlamaForCausalLMEagle3:
+        return f"draft architecture {type(draft_model).__name__}"
+    layers = draft_model.model.layers
+    if len(layers) != 1 or type(layers[0]) is not llama_eagle3.LlamaDecoderLayer:
+        return f"{len(layers)}-layer draft"
+    fingerprint = upstream_layer_fingerprint()
+    if fingerprint != UPSTREAM_LAYER_FINGERPRINT:
+        return f"sglang's EAGLE-3 layer code changed (fingerprint {fingerprint})"
+    return None
+
+
+def use_last_position_mlp(draft_model: torch.nn.Module) -> bool:
+    """Swap the draft's layer for :class:`LastPositionDraftLayer` where it applies."""
+    reason = swap_reason(draft_model)
+    if reason is not None:
+        logger.info("EAGLE3_DYNAMIC: draft prefill runs sglang's full layer (%s).", reason)
+        return False
+    draft_model.model.layers[0].__class__ = LastPositionDraftLayer
+    logger.info("EAGLE3_DYNAMIC: draft prefill runs the draft MLP at each request's last "
+                "position only.")
+    return True

@@ -1,0 +1,72 @@
+"""What prefill batches cost on the GPU: the target's extend and the draft's, apart.
+
+Three CUDA events per prefill batch: before the target extend, between the target extend and
+the draft extend (sglang's worker publishes there, see ``DynamicEagleWorker._prefill``), and
+after the draft extend. Intervals are read with ``Event.query()`` as they complete, never
+waited for. The target part includes the capture of EAGLE-3's auxiliary hidden states and the
+sampling of the first token; the draft part is the draft extend over every prompt token and the
+draft's first proposal.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Deque, Dict, Optional
+
+import torch
+
+
+def _event() -> torch.cuda.Event:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+@dataclass
+class PrefillEvents:
+    num_tokens: int
+    start: torch.cuda.Event
+    target_end: Optional[torch.cuda.Event] = None
+    end: Optional[torch.cuda.Event] = None
+
+
+class PrefillTimer:
+    """Totals over completed prefill batches (batches, tokens, target ms, draft ms)."""
+
+    def __init__(self) -> None:
+        self._pending: Deque[PrefillEvents] = deque()
+        self.batches = 0
+        self.tokens = 0
+        self.target_ms = 0.0
+        self.draft_ms = 0.0
+
+    def start(self, num_tokens: int) -> PrefillEvents:
+        return PrefillEvents(num_tokens, _event())
+
+    def target_done(self, events: PrefillEvents) -> None:
+        events.target_end = _event()
+
+    def stop(self, events: PrefillEvents) -> None:
+        """End of the batch's work; a batch whose target end was never marked is not counted."""
+        if events.target_end is None:
+            return
+        events.end = _event()
+        self._pending.append(events)
+
+    def harvest(self) -> None:
+        while self._pending and self._pending[0].end.query():
+            events = self._pending.popleft()
+            self.batches += 1
+            self.tokens += events.num_tokens
+            self.target_ms += events.start.elapsed_time(events.target_end)
+            self.draft_ms += events.target_end.elapsed_time(events.end)
+
+    def report(self) -> Dict[str, float]:
+        self.harvest()
+        return {
+            "prefill_batches": self.batches,
+            "prefill_tokens": self.tokens,
+            "prefill_target_gpu_ms": round(self.target_ms, 3),
+            "prefill_draft_gpu_ms": round(self.draft_ms, 3),
+        }

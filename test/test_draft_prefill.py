@@ -1,0 +1,197 @@
+"""The last-position draft layer against sglang's own EAGLE-3 layer, on CPU.
+
+The layer is built from sglang's class with small stand-ins for attention (a fixed linear map,
+so that every row's attention output depends on that row alone, as the K/V do) and MLP;
+sglang's forward and ours run on the same inputs and must agree on the rows that are read.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import List, Optional
+
+import pytest
+import torch
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.models import llama_eagle3
+
+from sglang_dynamic_eagle import draft_prefill
+from sglang_dynamic_eagle.draft_prefill import (
+    DRAFT_PREFILL_ENV,
+    LastPositionDraftLayer,
+    draft_prefill_choice,
+    last_rows,
+    swap_reason,
+    use_last_position_mlp,
+)
+
+WIDTH = 16
+
+
+class RowAttention(torch.nn.Module):
+    """Stands in for self_attn: a per-row linear map from the 2x-wide input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(2 * WIDTH, WIDTH, bias=False)
+        self.rows_seen: List[int] = []
+
+    def forward(self, positions, hidden_states, forward_batch):
+        self.rows_seen.append(hidden_states.shape[0])
+        return self.proj(hidden_states)
+
+
+class RecordingMlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(WIDTH, 3 * WIDTH, bias=False)
+        self.down = torch.nn.Linear(3 * WIDTH, WIDTH, bias=False)
+        self.rows_seen: List[int] = []
+
+    def forward(self, x):
+        self.rows_seen.append(x.shape[0])
+        return self.down(torch.nn.functional.silu(self.up(x)))
+
+
+def sglang_layer() -> llama_eagle3.LlamaDecoderLayer:
+    """sglang's layer class with CPU stand-ins for its parallel linear layers."""
+    torch.manual_seed(0)
+    layer = object.__new__(llama_eagle3.LlamaDecoderLayer)
+    torch.nn.Module.__init__(layer)
+    layer.is_input_layer = True
+    layer.hidden_size = WIDTH
+    layer.input_layernorm = RMSNorm(WIDTH)
+    layer.hidden_norm = RMSNorm(WIDTH)
+    layer.post_attention_layernorm = RMSNorm(WIDTH)
+    for norm in (layer.input_layernorm, layer.hidden_norm, layer.post_attention_layernorm):
+        norm.weight.data.uniform_(0.5, 1.5)
+    layer.self_attn = RowAttention()
+    layer.mlp = RecordingMlp()
+    return layer
+
+
+def prefill_batch(extend_lens: List[int], **overrides) -> SimpleNamespace:
+    fields = dict(
+        forward_mode=ForwardMode.EXTEND,
+        capture_hidden_mode=CaptureHiddenMode.LAST,
+        return_logprob=False,
+        extend_seq_lens=torch.tensor(extend_lens),
+        batch_size=len(extend_lens),
+    )
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+def run(layer, forward_batch, num_rows: int):
+    torch.manual_seed(1)
+    embeds = torch.randn(num_rows, WIDTH)
+    hidden = torch.randn(num_rows, WIDTH)
+    positions = torch.arange(num_rows)
+    return layer(positions, embeds, hidden, forward_batch, None)
+
+
+def as_last_position_layer(layer) -> LastPositionDraftLayer:
+    layer.__class__ = LastPositionDraftLayer
+    return layer
+
+
+def test_rows_that_are_read_match_sglangs_layer_and_the_rest_are_zero() -> None:
+    extend_lens = [5, 1, 7]
+    num_rows = sum(extend_lens)
+    last = [4, 5, 12]
+    reference = sglang_layer()
+    expected_hidden, expected_residual = run(reference, prefill_batch(extend_lens), num_rows)
+
+    layer = as_last_position_layer(sglang_layer())
+    hidden, residual = run(layer, prefill_batch(extend_lens), num_rows)
+
+    torch.testing.assert_close(hidden[last], expected_hidden[last], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(residual[last], expected_residual[last], rtol=1e-5, atol=1e-6)
+    others = [row for row in range(num_rows) if row not in last]
+    assert torch.count_nonzero(hidden[others]) == 0
+    assert torch.count_nonzero(residual[others]) == 0
+    # Attention (which writes every position's K/V) saw every row, the MLP only the last ones.
+    assert layer.self_attn.rows_seen == [num_rows]
+    assert layer.mlp.rows_seen == [len(extend_lens)]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"forward_mode": ForwardMode.DRAFT_EXTEND_V2},
+        {"forward_mode": ForwardMode.MIXED},
+        {"forward_mode": ForwardMode.TARGET_VERIFY},
+        {"capture_hidden_mode": CaptureHiddenMode.FULL},
+        {"return_logprob": True},
+        {"extend_seq_lens": None},
+    ],
+    ids=lambda overrides: "-".join(f"{k}={v}" for k, v in overrides.items()),
+)
+def test_every_other_forward_runs_sglangs_full_layer(overrides) -> None:
+    extend_lens = [3, 4]
+    reference = sglang_layer()
+    expected_hidden, _ = run(reference, prefill_batch(extend_lens, **overrides), 7)
+    layer = as_last_position_layer(sglang_layer())
+    hidden, _ = run(layer, prefill_batch(extend_lens, **overrides), 7)
+    torch.testing.assert_close(hidden, expected_hidden)
+    assert layer.mlp.rows_seen == [7]
+
+
+def test_one_row_per_request_and_graph_capture_keep_the_full_layer(monkeypatch) -> None:
+    assert last_rows(prefill_batch([1, 1, 1]), torch.zeros(3, WIDTH)) is None
+    assert last_rows(prefill_batch([4, 2]), torch.zeros(6, WIDTH)).tolist() == [3, 5]
+    capturing = SimpleNamespace(shape=(6, WIDTH), is_cuda=True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert last_rows(prefill_batch([4, 2]), capturing) is None
+
+
+def fake_draft_model(num_layers: int = 1, model_class=llama_eagle3.LlamaForCausalLMEagle3):
+    model = object.__new__(model_class)
+    torch.nn.Module.__init__(model)
+    model.model = SimpleNamespace(layers=[sglang_layer() for _ in range(num_layers)])
+    return model
+
+
+def test_the_swap_applies_to_one_layer_llama_eagle3_drafts_only(monkeypatch) -> None:
+    monkeypatch.delenv(DRAFT_PREFILL_ENV, raising=False)
+    model = fake_draft_model()
+    assert swap_reason(model) is None
+    assert use_last_position_mlp(model)
+    assert type(model.model.layers[0]) is LastPositionDraftLayer
+
+    assert swap_reason(fake_draft_model(num_layers=2)) == "2-layer draft"
+
+    class OtherDraft(llama_eagle3.LlamaForCausalLMEagle3):
+        pass
+
+    other = fake_draft_model(model_class=OtherDraft)
+    assert swap_reason(other) == "draft architecture OtherDraft"
+    assert not use_last_position_mlp(other)
+    assert type(other.model.layers[0]) is llama_eagle3.LlamaDecoderLayer
+
+
+def test_a_changed_upstream_layer_keeps_sglangs_path(monkeypatch) -> None:
+    monkeypatch.setattr(draft_prefill, "UPSTREAM_LAYER_FINGERPRINT", "0" * 16)
+    reason: Optional[str] = swap_reason(fake_draft_model())
+    assert reason is not None and reason.startswith("sglang's EAGLE-3 layer code changed")
+
+
+def test_the_pinned_sglang_layer_is_the_one_restated() -> None:
+    assert draft_prefill.upstream_layer_fingerprint() == draft_prefill.UPSTREAM_LAYER_FINGERPRINT
+
+
+def test_the_environment_chooses_sglangs_full_layer(monkeypatch) -> None:
+    monkeypatch.setenv(DRAFT_PREFILL_ENV, "full")
+    model = fake_draft_model()
+    assert swap_reason(model) == f"{DRAFT_PREFILL_ENV}=full"
+    assert not use_last_position_mlp(model)
+
+
+def test_a_bad_environment_value_names_the_variable_and_the_choices(monkeypatch) -> None:
+    monkeypatch.setenv(DRAFT_PREFILL_ENV, "fast")
+    with pytest.raises(ValueError) as error:
+        draft_prefill_choice()
+    message = str(error.value)
+    assert DRAFT_PREFILL_ENV in message and "last-position" in message and "full" in message
+    assert "\n" not in message

@@ -1,0 +1,69 @@
+"""PrefillTimer's bookkeeping with stand-in events (a clock in milliseconds, completion on demand)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import pytest
+
+from sglang_dynamic_eagle import prefill_timing
+from sglang_dynamic_eagle.prefill_timing import PrefillTimer
+
+
+@dataclass
+class FakeEvent:
+    at_ms: float
+    done: bool = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        return end.at_ms - self.at_ms
+
+
+@pytest.fixture
+def events(monkeypatch):
+    recorded = []
+    clock = itertools.count(start=0, step=5)
+
+    def record() -> FakeEvent:
+        recorded.append(FakeEvent(float(next(clock))))
+        return recorded[-1]
+
+    monkeypatch.setattr(prefill_timing, "_event", record)
+    return recorded
+
+
+def timed_prefill(timer: PrefillTimer, num_tokens: int) -> None:
+    batch = timer.start(num_tokens)
+    timer.target_done(batch)
+    timer.stop(batch)
+
+
+def test_only_completed_batches_are_counted_target_and_draft_apart(events) -> None:
+    timer = PrefillTimer()
+    timed_prefill(timer, 512)  # events at 0, 5, 10 ms
+    timed_prefill(timer, 100)  # events at 15, 20, 25 ms
+    for event in events[:3]:
+        event.done = True
+    assert timer.report() == {
+        "prefill_batches": 1,
+        "prefill_tokens": 512,
+        "prefill_target_gpu_ms": 5.0,
+        "prefill_draft_gpu_ms": 5.0,
+    }
+    for event in events[3:]:
+        event.done = True
+    report = timer.report()
+    assert (report["prefill_batches"], report["prefill_tokens"]) == (2, 612)
+    assert report["prefill_target_gpu_ms"] == report["prefill_draft_gpu_ms"] == 10.0
+
+
+def test_a_prefill_that_never_reached_the_draft_is_not_counted(events) -> None:
+    timer = PrefillTimer()
+    timer.stop(timer.start(64))
+    for event in events:
+        event.done = True
+    assert timer.report()["prefill_batches"] == 0
