@@ -18,7 +18,7 @@ from typing import Any, Callable, List, Tuple
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_dynamic_eagle import flags, reporting_hooks, request_guards
+from sglang_dynamic_eagle import flags, prefill_tail_tokens, reporting_hooks, request_guards
 
 HOOK = "hook"
 SUBCLASS = "subclass"
@@ -147,6 +147,21 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
             "sglang.srt.models.llama_eagle3.LlamaDecoderLayer.forward",
             "sglang.srt.models.llama_eagle3.LlamaForCausalLMEagle3",
             "sglang.srt.layers.logits_processor.LogitsProcessor._get_pruned_states",
+        ),
+    ),
+    UpstreamReliance(
+        target="sglang.srt.speculative.eagle_worker_v2._eagle_prefill_tail_tokens",
+        how="HookRegistry AROUND hook (prefill_tail_tokens.tail_tokens_without_sync): for "
+        "EAGLE3_DYNAMIC batches the chunked request's next prompt token is copied from "
+        "pinned memory asynchronously; other algorithms call the original",
+        why="the original assigns a Python int into a CUDA tensor, a blocking copy that holds "
+        "the scheduler until the target prefill ends, so every prefill batch's first tokens "
+        "reach clients one prefill late when the next batch holds a chunked request",
+        drop_when="sglang writes the token without a host sync (an upstream fix to send)",
+        kind=HOOK,
+        code=(
+            "sglang.srt.speculative.eagle_worker_v2._eagle_prefill_tail_tokens",
+            "sglang.srt.speculative.eagle_utils._eagle_prefill_tail_tokens",
         ),
     ),
     UpstreamReliance(
@@ -350,6 +365,8 @@ HOOKS: Tuple[HookSpec, ...] = (
              reporting_hooks.report_with_decode_stats, HookType.AFTER),
     HookSpec("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
              request_guards.check_request_token_ids, HookType.BEFORE),
+    HookSpec("sglang.srt.speculative.eagle_worker_v2._eagle_prefill_tail_tokens",
+             prefill_tail_tokens.tail_tokens_without_sync, HookType.AROUND),
 )
 
 _installed = False
