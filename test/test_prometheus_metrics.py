@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from sglang_dynamic_eagle import reporting_hooks
 from sglang_dynamic_eagle.counters import ModeCounters
 from sglang_dynamic_eagle.policy import DecodeMode
+from sglang_dynamic_eagle.prefill_timing import PrefillTimer
 from sglang_dynamic_eagle.prometheus_metrics import COUNTERS, DynamicEagleMetrics, MetricsExport
 
 LABELS = {"model_name": "m", "tp_rank": "0"}
@@ -57,8 +58,21 @@ def test_counters_follow_snapshots_without_double_counting() -> None:
     })
 
 
+def test_prefill_timings_are_exported_as_they_grow() -> None:
+    registry = CollectorRegistry()
+    metrics = DynamicEagleMetrics(LABELS, registry=registry)
+    report = {**ModeCounters().snapshot(), "prefill_batches": 2, "prefill_tokens": 1500,
+              "prefill_target_gpu_ms": 40.5, "prefill_draft_gpu_ms": 1.25}
+    metrics.update(report, speculative=True)
+    metrics.update({**report, "prefill_batches": 3, "prefill_draft_gpu_ms": 2.0}, speculative=True)
+    assert_samples(registry, {
+        "prefill_batches_total": 3, "prefill_tokens_total": 1500,
+        "prefill_target_gpu_ms_total": 40.5, "prefill_draft_gpu_ms_total": 2.0,
+    })
+
+
 def test_every_exported_counter_is_in_the_snapshot() -> None:
-    assert set(COUNTERS) <= set(ModeCounters().snapshot())
+    assert set(COUNTERS) <= set(ModeCounters().snapshot()) | set(PrefillTimer().report())
 
 
 def test_every_series_exists_before_its_first_increment() -> None:

@@ -15,6 +15,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang_dynamic_eagle.auto_policy import AcceptanceEstimate
 from sglang_dynamic_eagle.counters import ModeCounters
 from sglang_dynamic_eagle.draft_catchup import CatchupPlan
+from sglang_dynamic_eagle.host_syncs import HostSyncCounter
 from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy, ThresholdPolicyConfig
 from sglang_dynamic_eagle.spec_algo import DynamicEagleSpecAlgo
 from sglang_dynamic_eagle.worker import DynamicEagleWorker
@@ -128,6 +129,7 @@ def worker(monkeypatch):
     instance._plain_step = FakePlainStep(catchup)
     instance._costs = FakeCosts()
     instance.prefill_timer = FakePrefillTimer()
+    instance.host_syncs = HostSyncCounter(enabled=False)
     instance._draft_worker = None
     instance.plan_stream = None
     instance._last_step_plain = False

@@ -26,6 +26,10 @@ COUNTERS: Dict[str, str] = {
     "catchup_forwards": "Draft-KV catch-up forwards run when speculation resumed.",
     "catchup_tokens": "Positions caught up in the draft KV cache.",
     "catchup_truncated_tokens": "Missed positions beyond the catch-up window (stale draft KV).",
+    "prefill_batches": "Prefill batches whose GPU time was measured.",
+    "prefill_tokens": "Prompt tokens of those prefill batches.",
+    "prefill_target_gpu_ms": "GPU milliseconds of their target extends.",
+    "prefill_draft_gpu_ms": "GPU milliseconds of their draft extends (the draft's prefill cost).",
 }
 
 # Report key -> help text; exported as Prometheus gauges `<prefix><key>` (0 where not reported).
@@ -72,7 +76,7 @@ class DynamicEagleMetrics:
         """Bring the metrics up to a worker report (or a ModeCounters snapshot) and the
         current mode."""
         for key, counter in self._counters.items():
-            delta = snapshot[key] - self._exported[key]
+            delta = snapshot.get(key, 0) - self._exported[key]
             if delta > 0:
                 counter.labels(**self._labels).inc(delta)
                 self._exported[key] = snapshot[key]

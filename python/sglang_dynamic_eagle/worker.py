@@ -40,6 +40,7 @@ from sglang_dynamic_eagle.counters import ModeCounters
 from sglang_dynamic_eagle.draft_catchup import DraftCatchup, catchup_budget_bytes, choose_window
 from sglang_dynamic_eagle.draft_prefill import use_last_position_mlp
 from sglang_dynamic_eagle.flags import current_flags
+from sglang_dynamic_eagle.host_syncs import HostSyncCounter, sync_check_enabled
 from sglang_dynamic_eagle.plain_decode_graphs import PlainDecodeGraphs, plain_decode_batch_sizes
 from sglang_dynamic_eagle.plain_step import PlainDecodeStep, req_pool_indices
 from sglang_dynamic_eagle.policy import (
@@ -68,6 +69,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self.acceptance = AcceptanceEstimate()
         self.metrics_export = MetricsExport()  # used with --enable-metrics
         self.prefill_timer = PrefillTimer()
+        self.host_syncs = HostSyncCounter(sync_check_enabled())
         self._last_position_draft_mlp = use_last_position_mlp(self._draft_worker.draft_runner.model)
         self._flags = current_flags()
         self._policy: Optional[DecodePolicy] = None
@@ -243,17 +245,19 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             self._costs.interrupt()
         if is_extend:
             self._catchup.forget(req_pool_indices(batch))
-            return self._prefill(batch, on_publish, grammar_barrier)
+            with self.host_syncs.watch("prefill"):
+                return self._prefill(batch, on_publish, grammar_barrier)
         if batch.forward_mode.is_idle():
             return super().forward_batch_generation(batch, on_publish, grammar_barrier)
 
         batch_size = batch.batch_size()
         mode = self._decide(batch_size)
-        if mode is DecodeMode.PLAIN:
-            result = self._plain_step.run(batch, on_publish)
-        else:
-            self._catch_up(batch)
-            result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
+        with self.host_syncs.watch(mode.value):
+            if mode is DecodeMode.PLAIN:
+                result = self._plain_step.run(batch, on_publish)
+            else:
+                self._catch_up(batch)
+                result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
         self._last_step_plain = mode is DecodeMode.PLAIN
         self.counters.record_step(mode, batch_size, ran_graph=bool(result.can_run_cuda_graph))
         self._measure(mode, batch_size)
@@ -351,6 +355,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             "catchup_stash_mib": round(self._catchup.stash_bytes / 2**20, 1),
             "draft_prefill": "last-position" if self._last_position_draft_mlp else "full",
             **self.prefill_timer.report(),
+            **({"host_syncs": self.host_syncs.report()} if self.host_syncs.enabled else {}),
         }
 
 

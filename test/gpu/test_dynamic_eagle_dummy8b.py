@@ -1,6 +1,8 @@
 """EAGLE3_DYNAMIC on the 8B-shaped dummy model (bf16): losslessness across
 many switches, plain-graph use, capacity beyond EAGLE's 48 requests, and the
-automatic policy (the default) on a model whose drafts are never accepted.
+automatic policy (the default) on a model whose drafts are never accepted, and prefills and
+plain steps that never make the host wait for the GPU (every server of this module runs with
+SGLANG_DYNAMIC_EAGLE_SYNC_CHECK=1).
 
 Dummy weights give nearly flat logits, so a differing token counts as a
 numerical tie only if the plain server's top-2 logprob margin there is below
@@ -25,6 +27,8 @@ from gpu_servers import (
     running_servers,
     top2_margin,
 )
+
+from sglang_dynamic_eagle.host_syncs import SYNC_CHECK_ENV
 
 pytestmark = pytest.mark.gpu
 
@@ -80,7 +84,7 @@ def servers(kit_models):
         "dynamic_auto": target + ["--mem-fraction-static", "0.75",
                                   "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft],
     }
-    with running_servers(specs) as started:
+    with running_servers(specs, env={SYNC_CHECK_ENV: "1"}) as started:
         yield started
 
 
@@ -222,3 +226,35 @@ def test_bad_token_ids_are_refused_while_the_load_is_served(servers, kit_models)
     assert f"input_ids[1] is {vocab_size}" in statuses[1][1]
     assert not failures
     assert health == 200
+
+
+def test_prefills_and_plain_steps_do_not_wait_for_the_gpu(servers):
+    """24 prompts of 1000 tokens at once: the prefill batches end in chunked requests, whose
+    tail token sglang's EAGLE prefill wrote with a blocking copy (the host then waited for
+    each target prefill, and every batch's first tokens came one prefill late); then waves
+    that switch modes. No prefill and no plain step may synchronise, and outputs equal plain
+    decoding's."""
+    rng = random.Random(6)
+    long_prompts = [
+        {"input_ids": [rng.randrange(3, 8000) for _ in range(1000)], "max_new_tokens": 8}
+        for _ in range(24)
+    ]
+    dynamic = send_in_waves(servers["dynamic"], long_prompts, wave_size=24)
+    dynamic += send_in_waves(servers["dynamic"], make_prompts(16, seed=7), WAVE_SIZE)
+    plain = send_in_waves(servers["plain"], long_prompts, wave_size=24, top_logprobs_num=2)
+    plain += send_in_waves(servers["plain"], make_prompts(16, seed=7), WAVE_SIZE,
+                           top_logprobs_num=2)
+    ties, failures = compare_with_plain(dynamic, plain)
+    counters = servers["dynamic"].dynamic_counters()
+    syncs = counters["host_syncs"]
+    waiting = {site: count for site, count in syncs.items()
+               if site.startswith(("prefill ", "plain "))}
+    print(
+        f"host syncs {syncs}; prefill batches {counters['prefill_batches']}, target / draft "
+        f"GPU ms {counters['prefill_target_gpu_ms']} / {counters['prefill_draft_gpu_ms']}, "
+        f"draft prefill {counters['draft_prefill']}; ties {ties}, failures {failures}"
+    )
+    assert not failures
+    assert counters["plain_steps"] > 0 and counters["prefill_batches"] > 0
+    assert counters["prefill_draft_gpu_ms"] > 0 and counters["draft_prefill"] == "last-position"
+    assert not waiting

@@ -1,0 +1,59 @@
+"""Host synchronisations inside the worker's forwards: a diagnostic, off by default.
+
+A synchronising call (a blocking copy, ``.item()``, ``.tolist()`` of a GPU tensor) makes the
+host wait for all GPU work enqueued before it. Under sglang's overlap scheduler that costs the
+step its overlap; inside a prefill it also delays the previous batch's first tokens by one
+prefill (``prefill_tail_tokens`` removes the one sglang's EAGLE prefill had).
+
+With ``SGLANG_DYNAMIC_EAGLE_SYNC_CHECK=1`` every prefill, plain step and speculative step runs
+under ``torch.cuda.set_sync_debug_mode("warn")``; the call sites that synchronised are counted
+per kind of forward and reported in ``/server_info`` (``host_syncs``). The check costs a little
+host time per forward, so it is for diagnosis and the GPU tests, not for serving.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import Counter
+from contextlib import contextmanager
+from typing import Dict, Iterator
+
+import torch
+
+SYNC_CHECK_ENV = "SGLANG_DYNAMIC_EAGLE_SYNC_CHECK"
+# The text of PyTorch's warning for a synchronising CUDA call under sync debug mode.
+SYNC_WARNING_TEXT = "called a synchronizing CUDA operation"
+
+
+def sync_check_enabled() -> bool:
+    return os.environ.get(SYNC_CHECK_ENV, "0") == "1"
+
+
+class HostSyncCounter:
+    """Counts synchronising call sites per kind of forward ("prefill", "plain", ...)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._sites: Counter = Counter()
+
+    @contextmanager
+    def watch(self, kind: str) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        for warning in caught:
+            if SYNC_WARNING_TEXT in str(warning.message):
+                site = f"{os.path.basename(warning.filename)}:{warning.lineno}"
+                self._sites[f"{kind} {site}"] += 1
+
+    def report(self) -> Dict[str, float]:
+        """``"<kind> <file>:<line>": count`` of every call site that synchronised."""
+        return dict(self._sites)
