@@ -31,7 +31,7 @@ FIXED_THRESHOLD_ARGS = (
 # per server start.
 DEFAULT_COMMON_ARGS = (
     "--attention-backend triton --sampling-backend pytorch --disable-prefill-cuda-graph "
-    "--mem-fraction-static 0.80 --cuda-graph-max-bs 128"
+    "--mem-fraction-static 0.80 --cuda-graph-max-bs-decode 128"
 )
 
 # sglang's DEFAULT_ADAPTIVE_CONFIG (srt/speculative/adaptive_spec_params.py) with its 7-step

@@ -2,7 +2,7 @@
 
 In a speculative server sglang captures the target only in TARGET_VERIFY mode
 (``num_draft_tokens`` query tokens per request). Plain mode needs real DECODE
-graphs (one token per request) up to the server's ``--cuda-graph-max-bs``, with
+graphs (one token per request) up to the server's ``--cuda-graph-max-bs-decode``, with
 their own attention-backend instance so the verify graphs' buffers stay
 untouched, and with the EAGLE-3 auxiliary hidden states captured as output
 (draft-KV catch-up needs them).

@@ -9,7 +9,7 @@ and only changes what EAGLE3_DYNAMIC does differently at server-argument time:
   server without speculation would);
 * the speculative CUDA graphs (target verify, draft, draft extend) are captured
   only up to ``speculative_graph_max_bs``; the plain-decode graphs built by the
-  worker cover the full ``--cuda-graph-max-bs``.
+  worker cover the full ``--cuda-graph-max-bs-decode``.
 """
 
 from __future__ import annotations

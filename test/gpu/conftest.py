@@ -41,7 +41,7 @@ def tiny_servers() -> Iterator[Dict[str, Server]]:
     """Plain, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds, and automatic) servers of the tiny
     trained pair."""
     common = ["--model-path", str(TINY_PAIR / "target"), "--dtype", TINY_PAIR_DTYPE,
-              *COMMON_SERVER_ARGS, "--cuda-graph-max-bs", "32"]
+              *COMMON_SERVER_ARGS, "--cuda-graph-max-bs-decode", "32"]
     draft = eagle3_args(TINY_PAIR / "draft", dummy=False)
     # Started one after the other: each sizes its pools from the memory left free.
     specs = {

@@ -41,7 +41,7 @@ COMMON_SERVER_ARGS = [
     "--attention-backend", "triton",
     "--sampling-backend", "pytorch",
     "--disable-prefill-cuda-graph",
-    "--cuda-graph-max-bs", "128",
+    "--cuda-graph-max-bs-decode", "128",
 ]
 
 
