@@ -157,8 +157,9 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         why="the original assigns a Python int into a CUDA tensor, a blocking copy that holds "
         "the scheduler until the target prefill ends, so every prefill batch's first tokens "
         "reach clients one prefill late when the next batch holds a chunked request",
-        drop_when="sglang writes the token without a host sync (an upstream fix to send)",
+        drop_when="sglang writes the token without a host sync",
         kind=HOOK,
+        upstream="to file: docs/upstream/eagle-prefill-tail-token-sync.md",
         code=(
             "sglang.srt.speculative.eagle_worker_v2._eagle_prefill_tail_tokens",
             "sglang.srt.speculative.eagle_utils._eagle_prefill_tail_tokens",
