@@ -138,9 +138,12 @@ def test_every_other_forward_runs_sglangs_full_layer(overrides) -> None:
     assert layer.mlp.rows_seen == [7]
 
 
-def test_one_row_per_request_and_graph_capture_keep_the_full_layer(monkeypatch) -> None:
+def test_one_row_per_request_graph_capture_and_compilation_keep_the_full_layer(monkeypatch) -> None:
     assert last_rows(prefill_batch([1, 1, 1]), torch.zeros(3, WIDTH)) is None
     assert last_rows(prefill_batch([4, 2]), torch.zeros(6, WIDTH)).tolist() == [3, 5]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert last_rows(prefill_batch([4, 2]), torch.zeros(6, WIDTH)) is None
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
     capturing = SimpleNamespace(shape=(6, WIDTH), is_cuda=True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert last_rows(prefill_batch([4, 2]), capturing) is None

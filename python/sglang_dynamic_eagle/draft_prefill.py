@@ -63,13 +63,15 @@ def upstream_layer_fingerprint() -> str:
 
 def last_rows(forward_batch: ForwardBatch, hidden_states: torch.Tensor) -> Optional[torch.Tensor]:
     """Row index of every request's last extended position, or None where the full layer
-    must run (not a plain EXTEND, hidden capture other than LAST, logprobs, graph capture, or
-    nothing to skip)."""
+    must run (not a plain EXTEND, hidden capture other than LAST, logprobs, CUDA graph capture
+    or torch.compile tracing, where shapes are fixed, or nothing to skip)."""
     if forward_batch.forward_mode != ForwardMode.EXTEND:
         return None
     if not forward_batch.capture_hidden_mode.is_last() or forward_batch.return_logprob:
         return None
     if forward_batch.extend_seq_lens is None or hidden_states.shape[0] <= forward_batch.batch_size:
+        return None
+    if torch.compiler.is_compiling():
         return None
     if hidden_states.is_cuda and torch.cuda.is_current_stream_capturing():
         return None
