@@ -11,7 +11,7 @@ import pytest
 from gpu_servers import (
     COMMON_SERVER_ARGS,
     KIT_MODELS,
-    TINY_DYNAMIC_FLAGS,
+    FIXED_THRESHOLD_FLAGS,
     TINY_PAIR,
     TINY_PAIR_DTYPE,
     Server,
@@ -50,7 +50,7 @@ def tiny_servers() -> Iterator[Dict[str, Server]]:
                                  "--speculative-algorithm", "EAGLE3", *draft],
         "tiny_dynamic": common + ["--mem-fraction-static", "0.5",
                                   "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
-                                  *TINY_DYNAMIC_FLAGS],
+                                  *FIXED_THRESHOLD_FLAGS],
         "tiny_dynamic_auto": common + ["--mem-fraction-static", "0.5",
                                        "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft],
     }

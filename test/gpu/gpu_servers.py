@@ -10,22 +10,24 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KIT_MODELS = Path(os.environ.get("SGLANG_DE_MODELS", REPO_ROOT / ".gpu-kit" / "models"))
 TINY_PAIR = REPO_ROOT / "models" / "tiny-pair"
 TINY_PAIR_DTYPE = os.environ.get("TINY_PAIR_DTYPE", "float32")
-# EAGLE3_DYNAMIC thresholds for the tiny-pair tests: small enough that a handful of requests
-# crosses them.
-TINY_DYNAMIC_FLAGS = [
+# EAGLE3_DYNAMIC fixed thresholds for the switching tests: small enough that a handful of
+# requests crosses them.
+FIXED_THRESHOLD_FLAGS = [
     "--speculative-disable-batch-threshold", "2",
     "--speculative-enable-batch-threshold", "2",
     "--speculative-switch-patience", "2",
@@ -36,6 +38,9 @@ LOG_DIR = Path(os.environ.get("SGLANG_DE_LOG_DIR", "/tmp"))
 NATIVE_OPS_ENV = "SGLANG_DE_TEST_NATIVE_OPS"
 NATIVE_OPS_PLUGIN = "dynamic_eagle_test_native_ops"
 START_TIMEOUT_S = 420
+# bf16 servers: a token that differs from the plain server's counts as a numerical tie only
+# where the plain server's top-2 logprob margin is below this.
+TIE_MARGIN = 1e-3
 
 COMMON_SERVER_ARGS = [
     "--attention-backend", "triton",
@@ -173,6 +178,13 @@ def eagle3_args(draft_path: Path, *, dummy: bool) -> List[str]:
     return args
 
 
+def dummy8b_args(kit_models: Path) -> Tuple[List[str], List[str]]:
+    """Server arguments of the 8B-shaped dummy target, and of the dummy EAGLE-3 draft for it."""
+    target = ["--model-path", str(kit_models / "llama8b"), "--load-format", "dummy",
+              *COMMON_SERVER_ARGS]
+    return target, eagle3_args(kit_models / "eagle3-llama8b", dummy=True)
+
+
 def first_difference(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
     for index, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -205,3 +217,48 @@ def tiny_pair_server_env() -> Dict[str, str]:
             )
         env[NATIVE_OPS_ENV] = "1"
     return env
+
+
+def make_prompts(count: int, seed: int) -> List[Dict]:
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(count):
+        length = rng.choice([8, 32, 128, 512])
+        prompts.append(
+            {
+                "input_ids": [rng.randrange(3, 8000) for _ in range(length)],
+                "max_new_tokens": rng.choice([16, 40, 80, 128]),
+            }
+        )
+    return prompts
+
+
+def send_in_waves(server, prompts: Sequence[Dict], wave_size: int, **kwargs) -> List[dict]:
+    """Send prompts wave by wave: each wave starts at `wave_size` running
+    requests and drains to one, so the batch crosses both thresholds."""
+    outputs: List[dict] = []
+    with ThreadPoolExecutor(max_workers=wave_size) as pool:
+        for start in range(0, len(prompts), wave_size):
+            wave = prompts[start : start + wave_size]
+            outputs += list(
+                pool.map(
+                    lambda p: server.generate(p["input_ids"], p["max_new_tokens"], **kwargs),
+                    wave,
+                )
+            )
+    return outputs
+
+
+def compare_with_plain(outputs: Sequence[dict], plain: Sequence[dict]) -> tuple[int, list]:
+    """(numerical ties, failures as (prompt, position, plain top-2 margin))."""
+    ties, failures = 0, []
+    for index, (d, p) in enumerate(zip(outputs, plain)):
+        position = first_difference(d["output_ids"], p["output_ids"])
+        if position is None:
+            continue
+        margin = top2_margin(p, position)
+        if margin < TIE_MARGIN:
+            ties += 1
+        else:
+            failures.append((index, position, margin))
+    return ties, failures

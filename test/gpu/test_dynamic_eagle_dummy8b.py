@@ -16,91 +16,40 @@ import random
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Sequence
+from typing import List
 
 import pytest
 
 from gpu_servers import (
-    COMMON_SERVER_ARGS,
-    eagle3_args,
+    FIXED_THRESHOLD_FLAGS,
+    compare_with_plain,
+    dummy8b_args,
     first_difference,
+    make_prompts,
     running_servers,
-    top2_margin,
+    send_in_waves,
 )
 
 from sglang_dynamic_eagle.host_syncs import SYNC_CHECK_ENV
 
 pytestmark = pytest.mark.gpu
 
-TIE_MARGIN = 1e-3
 NUM_PROMPTS = 64
 WAVE_SIZE = 4
-DYNAMIC_FLAGS = [
-    "--speculative-disable-batch-threshold", "2",
-    "--speculative-enable-batch-threshold", "2",
-    "--speculative-switch-patience", "2",
-]
-
-
-def make_prompts(count: int, seed: int) -> List[Dict]:
-    rng = random.Random(seed)
-    prompts = []
-    for _ in range(count):
-        length = rng.choice([8, 32, 128, 512])
-        prompts.append(
-            {
-                "input_ids": [rng.randrange(3, 8000) for _ in range(length)],
-                "max_new_tokens": rng.choice([16, 40, 80, 128]),
-            }
-        )
-    return prompts
-
-
-def send_in_waves(server, prompts: Sequence[Dict], wave_size: int, **kwargs) -> List[dict]:
-    """Send prompts wave by wave: each wave starts at `wave_size` running
-    requests and drains to one, so the batch crosses both thresholds."""
-    outputs: List[dict] = []
-    with ThreadPoolExecutor(max_workers=wave_size) as pool:
-        for start in range(0, len(prompts), wave_size):
-            wave = prompts[start : start + wave_size]
-            outputs += list(
-                pool.map(
-                    lambda p: server.generate(p["input_ids"], p["max_new_tokens"], **kwargs),
-                    wave,
-                )
-            )
-    return outputs
 
 
 @pytest.fixture(scope="module")
 def servers(kit_models):
-    target = ["--model-path", str(kit_models / "llama8b"), "--load-format", "dummy",
-              *COMMON_SERVER_ARGS]
-    draft = eagle3_args(kit_models / "eagle3-llama8b", dummy=True)
+    target, draft = dummy8b_args(kit_models)
     specs = {
         "plain": target + ["--mem-fraction-static", "0.4"],
         "dynamic": target + ["--mem-fraction-static", "0.5",
-                             "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *DYNAMIC_FLAGS],
+                             "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *FIXED_THRESHOLD_FLAGS],
         "dynamic_auto": target + ["--mem-fraction-static", "0.75",
                                   "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft],
     }
     with running_servers(specs, env={SYNC_CHECK_ENV: "1"}) as started:
         yield started
-
-
-def compare_with_plain(outputs: Sequence[dict], plain: Sequence[dict]) -> tuple[int, list]:
-    """(numerical ties, failures as (prompt, position, plain top-2 margin))."""
-    ties, failures = 0, []
-    for index, (d, p) in enumerate(zip(outputs, plain)):
-        position = first_difference(d["output_ids"], p["output_ids"])
-        if position is None:
-            continue
-        margin = top2_margin(p, position)
-        if margin < TIE_MARGIN:
-            ties += 1
-        else:
-            failures.append((index, position, margin))
-    return ties, failures
 
 
 def test_lossless_across_switches(servers):

@@ -30,14 +30,13 @@ from typing import List, Optional
 
 import pytest
 
-from gpu_servers import COMMON_SERVER_ARGS, eagle3_args, first_difference, running_servers, top2_margin
+from gpu_servers import compare_with_plain, dummy8b_args, running_servers
 
 pytestmark = pytest.mark.gpu
 
 SOAK_SECONDS = float(os.environ.get("SGLANG_DE_SOAK_SECONDS", "300"))
 MIN_SWITCHES = 10_000
 CLIENTS = 6
-TIE_MARGIN = 1e-3
 MEMORY_GROWTH_LIMIT_MIB = 128
 SOAK_FLAGS = [
     "--speculative-disable-batch-threshold", "2",
@@ -71,9 +70,7 @@ class SoakLog:
 
 @pytest.fixture(scope="module")
 def soak_servers(kit_models):
-    target = ["--model-path", str(kit_models / "llama8b"), "--load-format", "dummy",
-              *COMMON_SERVER_ARGS]
-    draft = eagle3_args(kit_models / "eagle3-llama8b", dummy=True)
+    target, draft = dummy8b_args(kit_models)
     specs = {
         "soak_plain": target + ["--mem-fraction-static", "0.4"],
         "soak_dynamic": target + ["--mem-fraction-static", "0.6",
@@ -191,23 +188,14 @@ def memory_growth_mib(samples: List[tuple[float, float]]) -> float:
     return max(m for _, m in samples[-third:]) - max(m for _, m in samples[:third])
 
 
-def compare_with_plain(completed: List[dict], plain_server) -> tuple[int, list]:
-    prompts = [entry["prompt"] for entry in completed]
+def replay_on_plain(completed: List[dict], plain_server) -> List[dict]:
     with ThreadPoolExecutor(max_workers=32) as pool:
-        plain = list(pool.map(
-            lambda p: plain_server.generate(p["input_ids"], p["max_new_tokens"], top_logprobs_num=2),
-            prompts,
+        return list(pool.map(
+            lambda entry: plain_server.generate(entry["prompt"]["input_ids"],
+                                                entry["prompt"]["max_new_tokens"],
+                                                top_logprobs_num=2),
+            completed,
         ))
-    ties, failures = 0, []
-    for index, (entry, reference) in enumerate(zip(completed, plain)):
-        position = first_difference(entry["output"]["output_ids"], reference["output_ids"])
-        if position is None:
-            continue
-        if top2_margin(reference, position) < TIE_MARGIN:
-            ties += 1
-        else:
-            failures.append((index, position))
-    return ties, failures
 
 
 def leak_lines(server) -> List[str]:
@@ -235,7 +223,8 @@ def test_soak_thousands_of_switches(soak_servers):
     after = server.dynamic_counters()
     switches = (after["switches_to_plain"] - before.get("switches_to_plain", 0)
                 + after["switches_to_speculative"] - before.get("switches_to_speculative", 0))
-    ties, failures = compare_with_plain(log.completed, plain_server)
+    ties, failures = compare_with_plain([entry["output"] for entry in log.completed],
+                                        replay_on_plain(log.completed, plain_server))
     growth = memory_growth_mib(samples)
     leaks = leak_lines(server)
     print(
