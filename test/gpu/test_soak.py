@@ -102,7 +102,8 @@ def post_status(server, path: str, payload: dict, timeout: float = 120) -> tuple
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
+            body = response.read()  # /abort_request answers with an empty body
+            return response.status, json.loads(body) if body else None
     except urllib.error.HTTPError as error:
         return error.code, None
 
@@ -161,7 +162,7 @@ def client(server, seed: int, deadline: float, stop: threading.Event, log: SoakL
                 aborted_request(server, prompt, rng, log, rid=f"soak-{seed}-{count}")
             else:
                 bad_request(server, rng, log)
-        except OSError as error:
+        except (OSError, ValueError) as error:  # connection failures, unreadable answers
             log.add(errors=f"{type(error).__name__}: {error}")
         time.sleep(rng.uniform(0.0, 0.02))
 
