@@ -78,6 +78,40 @@ def test_defaults_for_llama_target_are_a_chain(prepare, draft):
     assert steps >= 1 and tokens == steps + 1
 
 
+@pytest.mark.parametrize(
+    "argv, shape",
+    [
+        (["--speculative-num-steps", "2"], (2, 1, 3)),
+        (["--speculative-num-draft-tokens", "6"], (5, 1, 6)),
+        (["--speculative-eagle-topk", "1"], (3, 1, 4)),
+        (["--speculative-num-steps", "4", "--speculative-eagle-topk", "1"], (4, 1, 5)),
+    ],
+    ids=["steps only", "draft tokens only", "topk only", "steps and topk"],
+)
+def test_a_partial_chain_is_completed(prepare, draft, argv, shape):
+    """sglang's EAGLE3 fails on some of these (a TypeError for steps alone); EAGLE3_DYNAMIC
+    completes the chain: draft tokens = steps + 1, topk 1."""
+    dynamic = prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *argv)
+    assert _spec_params(dynamic) == shape
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--speculative-num-steps", "0", "--speculative-eagle-topk", "1",
+          "--speculative-num-draft-tokens", "1"], "--speculative-num-steps 0"),
+        (["--speculative-num-draft-tokens", "1"], "--speculative-num-draft-tokens 1"),
+    ],
+    ids=["zero steps", "one draft token"],
+)
+def test_zero_draft_steps_are_refused_in_one_line(prepare, draft, argv, named):
+    with pytest.raises(ValueError) as excinfo:
+        prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *argv)
+    message = str(excinfo.value)
+    assert named in message and "--speculative-num-steps 1 or more" in message
+    assert "\n" not in message
+
+
 def test_max_running_requests_not_capped(prepare, draft):
     """LEAD: EAGLE3 caps max_running_requests at 48; EAGLE3_DYNAMIC does not."""
     eagle3, dynamic = _both(prepare, draft, *CHAIN)

@@ -107,7 +107,7 @@ class DynamicEagleSpecAlgo(CustomSpecAlgo):
         user_max_running_requests = server_args.max_running_requests
         catchup_budget_bytes()
         draft_prefill_choice()
-        _default_to_chain_drafting(server_args)
+        _complete_chain_drafting(server_args)
         _EAGLE3.handle_server_args(server_args)
         if user_max_running_requests is None:
             server_args.max_running_requests = None
@@ -120,28 +120,43 @@ class DynamicEagleSpecAlgo(CustomSpecAlgo):
         _limit_speculative_graphs(server_args)
 
 
-def _default_to_chain_drafting(server_args: ServerArgs) -> None:
-    """Chain drafting (topk 1) unless the user chose the draft shape.
+def _complete_chain_drafting(server_args: ServerArgs) -> None:
+    """A chain (topk 1) unless the user chose the topk, so one of the step count and the
+    draft-token count is enough: a chain's draft tokens are steps + 1 (sglang's EAGLE3
+    handling sets them from the steps; the steps are derived here from draft tokens alone).
 
-    EAGLE3's automatic choice for Llama is a topk-4 tree, which EAGLE3_DYNAMIC
-    does not support yet (flags.validate_server_args rejects an explicit one).
+    With none of the three flags EAGLE3's automatic choice for Llama targets would be a
+    topk-4 tree, which EAGLE3_DYNAMIC does not support yet (``unsupported`` refuses an
+    explicit one), so the default is ``DEFAULT_DRAFT_SHAPE``. sglang 0.5.17 itself fails
+    with a TypeError when only the step count is given, and an AssertionError when only the
+    draft-token count is.
     """
-    shape = (
+    given = (
         server_args.speculative_num_steps,
         server_args.speculative_eagle_topk,
         server_args.speculative_num_draft_tokens,
     )
-    if shape == (None, None, None):
-        (
-            server_args.speculative_num_steps,
-            server_args.speculative_eagle_topk,
-            server_args.speculative_num_draft_tokens,
-        ) = DEFAULT_DRAFT_SHAPE
-        logger.info(
-            "%s: speculative steps %d, topk %d, draft tokens %d (defaults).",
-            ALGORITHM_NAME,
-            *DEFAULT_DRAFT_SHAPE,
-        )
+    steps, topk, tokens = given
+    topk = 1 if topk is None else topk
+    if steps is None and tokens is None:
+        steps, tokens = DEFAULT_DRAFT_SHAPE[0], DEFAULT_DRAFT_SHAPE[2]
+    elif steps is None:
+        steps = tokens - 1
+    if (steps, topk, tokens) == given:
+        return
+    (
+        server_args.speculative_num_steps,
+        server_args.speculative_eagle_topk,
+        server_args.speculative_num_draft_tokens,
+    ) = (steps, topk, tokens)
+    logger.info(
+        "%s: speculative steps %d, topk %d, draft tokens %d (%s).",
+        ALGORITHM_NAME,
+        steps,
+        topk,
+        tokens,
+        "defaults" if given == (None, None, None) else "completed from the flags given",
+    )
 
 
 def _limit_speculative_graphs(server_args: ServerArgs) -> None:

@@ -86,6 +86,18 @@ UNSUPPORTED: Tuple[UnsupportedCombination, ...] = (
         "remove --enable-lora and --lora-paths",
     ),
     UnsupportedCombination(
+        lambda get: (
+            "--speculative-num-steps 0"
+            if get("speculative_num_steps") == 0
+            else "--speculative-num-draft-tokens 1"
+        ),
+        lambda get: get("speculative_num_steps") == 0 or get("speculative_num_draft_tokens") == 1,
+        "without draft tokens a speculative step verifies only its bonus token, which is plain "
+        "decoding with EAGLE's draft and verify work on top",
+        "use at least one draft step (--speculative-num-steps 1 or more) or run without "
+        "--speculative-algorithm",
+    ),
+    UnsupportedCombination(
         lambda get: f"--speculative-eagle-topk {get('speculative_eagle_topk')}",
         lambda get: (get("speculative_eagle_topk") or 1) > 1,
         "the plain-to-speculative draft catch-up is implemented for chain drafting only",
