@@ -262,3 +262,25 @@ def compare_with_plain(outputs: Sequence[dict], plain: Sequence[dict]) -> tuple[
         else:
             failures.append((index, position, margin))
     return ties, failures
+
+
+def assert_lossless_across_switches(
+    dynamic: Server, plain: Server, prompts: Sequence[Dict], wave_size: int, label: str,
+    min_switches: int = 10,
+) -> Dict[str, float]:
+    """Send ``prompts`` in waves to both servers; the dynamic server must switch at least
+    ``min_switches`` times each way and match the plain server (bf16 tie rule). Returns the
+    dynamic server's counters after the waves."""
+    before = dynamic.dynamic_counters()
+    outputs = send_in_waves(dynamic, prompts, wave_size)
+    after = dynamic.dynamic_counters()
+    reference = send_in_waves(plain, prompts, wave_size, top_logprobs_num=2)
+    ties, failures = compare_with_plain(outputs, reference)
+    switches = {key: after[key] - before.get(key, 0)
+                for key in ("switches_to_plain", "switches_to_speculative")}
+    print(f"{label}: {len(prompts)} prompts, switches {switches}, numerical ties {ties}, "
+          f"failures {failures}, counters {after}")
+    assert min(switches.values()) >= min_switches
+    assert not failures
+    return after
+

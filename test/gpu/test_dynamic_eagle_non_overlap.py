@@ -9,11 +9,10 @@ import pytest
 
 from gpu_servers import (
     FIXED_THRESHOLD_FLAGS,
-    compare_with_plain,
+    assert_lossless_across_switches,
     dummy8b_args,
     make_prompts,
     running_servers,
-    send_in_waves,
 )
 
 pytestmark = pytest.mark.gpu
@@ -36,13 +35,7 @@ def sync_servers(kit_models):
 
 
 def test_lossless_across_switches_without_overlap(sync_servers):
-    prompts = make_prompts(NUM_PROMPTS, seed=11)
-    dynamic = send_in_waves(sync_servers["sync_dynamic"], prompts, WAVE_SIZE)
-    counters = sync_servers["sync_dynamic"].dynamic_counters()
-    plain = send_in_waves(sync_servers["sync_plain"], prompts, WAVE_SIZE, top_logprobs_num=2)
-    ties, failures = compare_with_plain(dynamic, plain)
-    print(f"non-overlap: {NUM_PROMPTS} prompts, ties {ties}, failures {failures}, "
-          f"counters {counters}")
-    assert counters["switches_to_plain"] >= 10 and counters["switches_to_speculative"] >= 10
+    counters = assert_lossless_across_switches(
+        sync_servers["sync_dynamic"], sync_servers["sync_plain"], make_prompts(NUM_PROMPTS, seed=11),
+        WAVE_SIZE, "non-overlap")
     assert counters["prefill_batches"] > 0
-    assert not failures
