@@ -298,6 +298,16 @@ def test_validate_rejects_unsupported(overrides, needle):
     assert "\n" not in str(excinfo.value)
 
 
+def test_trees_start_only_when_asked_for_as_an_experiment(monkeypatch):
+    from sglang_dynamic_eagle.unsupported import EXPERIMENTAL_TREES_ENV
+
+    monkeypatch.setenv(EXPERIMENTAL_TREES_ENV, "1")
+    flags.validate_server_args(_server_args(speculative_eagle_topk=4))
+    monkeypatch.setenv(EXPERIMENTAL_TREES_ENV, "0")
+    with pytest.raises(ValueError, match=EXPERIMENTAL_TREES_ENV):
+        flags.validate_server_args(_server_args(speculative_eagle_topk=4))
+
+
 def test_validate_rejects_enable_above_disable(monkeypatch):
     monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 4, "enable_batch_threshold": 8}))
     with pytest.raises(ValueError, match=ENABLE_FLAG):

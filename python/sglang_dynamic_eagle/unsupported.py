@@ -8,12 +8,20 @@ sglang's ``adaptive_unsupported_reason``); ``flags.validate_server_args`` raises
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
 from sglang_dynamic_eagle.policy import ALGORITHM_NAME
 
 _USE_EAGLE3 = "use --speculative-algorithm EAGLE3 instead"
+# Lets tree drafting (topk > 1) start, for its GPU tests: the plain step and the catch-up are
+# written shape-generic, but no tree has been run yet.
+EXPERIMENTAL_TREES_ENV = "SGLANG_DYNAMIC_EAGLE_EXPERIMENTAL_TREES"
+
+
+def _experimental_trees() -> bool:
+    return os.environ.get(EXPERIMENTAL_TREES_ENV, "0") == "1"
 
 Getter = Callable[[str], Any]
 
@@ -99,9 +107,9 @@ UNSUPPORTED: Tuple[UnsupportedCombination, ...] = (
     ),
     UnsupportedCombination(
         lambda get: f"--speculative-eagle-topk {get('speculative_eagle_topk')}",
-        lambda get: (get("speculative_eagle_topk") or 1) > 1,
-        "the plain-to-speculative draft catch-up is implemented for chain drafting only",
-        "use --speculative-eagle-topk 1",
+        lambda get: (get("speculative_eagle_topk") or 1) > 1 and not _experimental_trees(),
+        "tree drafting has not been run with the plain step and the draft catch-up yet",
+        f"use --speculative-eagle-topk 1 (or set {EXPERIMENTAL_TREES_ENV}=1 to try a tree)",
     ),
     UnsupportedCombination(
         _named("--enable-attn-tp-input-scattered"),

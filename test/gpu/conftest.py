@@ -8,12 +8,15 @@ from typing import Dict, Iterator, List
 
 import pytest
 
+from sglang_dynamic_eagle.unsupported import EXPERIMENTAL_TREES_ENV
+
 from gpu_servers import (
     COMMON_SERVER_ARGS,
     KIT_MODELS,
     FIXED_THRESHOLD_FLAGS,
     TINY_PAIR,
     TINY_PAIR_DTYPE,
+    TREE_SHAPE,
     Server,
     eagle3_args,
     running_servers,
@@ -39,10 +42,11 @@ def eval_set() -> dict:
 @pytest.fixture(scope="session")
 def tiny_servers() -> Iterator[Dict[str, Server]]:
     """Plain, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds, and automatic) servers of the tiny
-    trained pair."""
+    trained pair, and EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds) with a tree of topk 4."""
     common = ["--model-path", str(TINY_PAIR / "target"), "--dtype", TINY_PAIR_DTYPE,
               *COMMON_SERVER_ARGS, "--cuda-graph-max-bs-decode", "32"]
     draft = eagle3_args(TINY_PAIR / "draft", dummy=False)
+    tree_draft = ["--speculative-draft-model-path", str(TINY_PAIR / "draft"), *TREE_SHAPE]
     # Started one after the other: each sizes its pools from the memory left free.
     specs = {
         "tiny_plain": common + ["--mem-fraction-static", "0.25"],
@@ -53,8 +57,14 @@ def tiny_servers() -> Iterator[Dict[str, Server]]:
                                   *FIXED_THRESHOLD_FLAGS],
         "tiny_dynamic_auto": common + ["--mem-fraction-static", "0.5",
                                        "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft],
+        "tiny_eagle3_tree": common + ["--mem-fraction-static", "0.5",
+                                      "--speculative-algorithm", "EAGLE3", *tree_draft],
+        "tiny_dynamic_tree": common + ["--mem-fraction-static", "0.5",
+                                       "--speculative-algorithm", "EAGLE3_DYNAMIC", *tree_draft,
+                                       *FIXED_THRESHOLD_FLAGS],
     }
-    with running_servers(specs, env=tiny_pair_server_env()) as started:
+    env = {**tiny_pair_server_env(), EXPERIMENTAL_TREES_ENV: "1"}
+    with running_servers(specs, env=env) as started:
         yield started
 
 

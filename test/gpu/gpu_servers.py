@@ -166,6 +166,14 @@ def running_servers(specs: Dict[str, List[str]], env: Optional[Dict[str, str]] =
             stop_server(server)
 
 
+# sglang's own EAGLE3 tree for Llama targets: 5 steps, topk 4, 8 draft tokens.
+TREE_SHAPE = [
+    "--speculative-num-steps", "5",
+    "--speculative-eagle-topk", "4",
+    "--speculative-num-draft-tokens", "8",
+]
+
+
 def eagle3_args(draft_path: Path, *, dummy: bool) -> List[str]:
     args = [
         "--speculative-draft-model-path", str(draft_path),

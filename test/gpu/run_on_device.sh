@@ -12,7 +12,7 @@ python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . -e test
 export OUT=${OUT:-/tmp/gpu-test-out}
 export SGLANG_DE_LOG_DIR=$OUT
 mkdir -p "$OUT"
-# Default: the tiny-pair suite (float32, exact comparisons; about 7 minutes). The 8B-shaped
+# Default: the tiny-pair suite (float32, exact comparisons; about 7 minutes before its two tree servers were added). The 8B-shaped
 # bf16 module needs a call of its own: run_on_device.sh test/gpu/test_dynamic_eagle_dummy8b.py
 if [ $# -eq 0 ]; then
   set -- test/gpu/test_dynamic_eagle_tiny.py test/gpu/test_tiny_pair.py

@@ -6,6 +6,9 @@
 * catch-up: requests that decode plainly while short filler requests keep the
   batch large, then speculatively once the fillers finish, reach an
   acceptance within 10% of always-on EAGLE3 on the same prompts;
+* both of the above with chain drafting and with sglang's EAGLE3 tree for Llama
+  (5 steps, topk 4, 8 draft tokens; trees start only with
+  SGLANG_DYNAMIC_EAGLE_EXPERIMENTAL_TREES=1, which the tiny servers set);
 * capacity: 128 concurrent requests run more than 48 at once (EAGLE's cap);
 * logprobs: requests asking for them get one per output token in either mode,
   equal to the plain server's;
@@ -35,6 +38,11 @@ LOGPROB_WAVE = 8
 # float32 on both servers; a misplaced or wrong-token logprob of this trained model is off by
 # far more.
 LOGPROB_TOLERANCE = 1e-2
+# (EAGLE3 server, EAGLE3_DYNAMIC server) of each draft shape, in the tiny_servers fixture.
+DRAFT_SHAPES = {
+    "chain": ("tiny_eagle3", "tiny_dynamic"),
+    "tree": ("tiny_eagle3_tree", "tiny_dynamic_tree"),
+}
 
 
 def send(
@@ -70,15 +78,17 @@ def spec_acceptance(before: Dict, after: Dict) -> float:
     return accepted / verified if verified else 0.0
 
 
-def test_lossless_across_switches(tiny_servers, eval_set):
+@pytest.mark.parametrize("shape", list(DRAFT_SHAPES))
+def test_lossless_across_switches(tiny_servers, eval_set, shape):
+    eagle3_name, dynamic_name = DRAFT_SHAPES[shape]
     prompts = eval_set["prompts"]
     lengths = mixed_lengths(len(prompts), seed=3)
-    dynamic_server = tiny_servers["tiny_dynamic"]
+    dynamic_server = tiny_servers[dynamic_name]
     before = dynamic_server.dynamic_counters()
     dynamic = send_in_waves(dynamic_server, prompts, lengths)
     after = dynamic_server.dynamic_counters()
     plain = send_in_waves(tiny_servers["tiny_plain"], prompts, lengths)
-    eagle3 = send_in_waves(tiny_servers["tiny_eagle3"], prompts, lengths)
+    eagle3 = send_in_waves(tiny_servers[eagle3_name], prompts, lengths)
 
     differences = [
         (i, first_difference(d["output_ids"], p["output_ids"]))
@@ -93,7 +103,7 @@ def test_lossless_across_switches(tiny_servers, eval_set):
         after["switches_to_speculative"] - before.get("switches_to_speculative", 0)
     )
     print(
-        f"tiny lossless: {len(prompts)} prompts, {switches} switches, "
+        f"tiny lossless ({shape}): {len(prompts)} prompts, {switches} switches, "
         f"differences vs plain {differences}, vs EAGLE3 {eagle3_differences}, "
         f"counters {after}"
     )
@@ -107,20 +117,22 @@ def test_lossless_across_switches(tiny_servers, eval_set):
     assert plain_steps > 0 and plain_graph_steps == plain_steps
 
 
-def test_acceptance_recovers_after_plain_stretch(tiny_servers, eval_set):
+@pytest.mark.parametrize("shape", list(DRAFT_SHAPES))
+def test_acceptance_recovers_after_plain_stretch(tiny_servers, eval_set, shape):
+    eagle3_name, dynamic_name = DRAFT_SHAPES[shape]
     prompts = eval_set["prompts"]
     targets = prompts[:CATCHUP_TARGETS]
     fillers = prompts[CATCHUP_TARGETS : CATCHUP_TARGETS + CATCHUP_FILLERS]
     target_tokens, filler_tokens = 64, 24
 
-    eagle3_server = tiny_servers["tiny_eagle3"]
+    eagle3_server = tiny_servers[eagle3_name]
     eagle3_before = eagle3_server.internal_state()
     eagle3_outputs = send(eagle3_server, targets, [target_tokens] * len(targets), len(targets))
     eagle3_acceptance = sum(o["meta_info"]["completion_tokens"] - 1 for o in eagle3_outputs) / sum(
         o["meta_info"]["spec_verify_ct"] for o in eagle3_outputs
     )
 
-    dynamic_server = tiny_servers["tiny_dynamic"]
+    dynamic_server = tiny_servers[dynamic_name]
     before = dynamic_server.dynamic_counters()
     send(
         dynamic_server,
@@ -133,7 +145,7 @@ def test_acceptance_recovers_after_plain_stretch(tiny_servers, eval_set):
     catchup_tokens = after["catchup_tokens"] - before.get("catchup_tokens", 0)
     truncated = after["catchup_truncated_tokens"] - before.get("catchup_truncated_tokens", 0)
     print(
-        f"catch-up: EAGLE3 acceptance {eagle3_acceptance:.3f} (server state "
+        f"catch-up ({shape}): EAGLE3 acceptance {eagle3_acceptance:.3f} (server state "
         f"{eagle3_before.get('avg_spec_accept_length')}), after a plain stretch "
         f"{resumed_acceptance:.3f}; catch-up tokens {catchup_tokens}, truncated {truncated}, "
         f"catch-up GPU ms {after['catchup_gpu_ms']}"
