@@ -13,12 +13,16 @@
 * logprobs: requests asking for them get one per output token in either mode,
   equal to the plain server's;
 * automatic policy (the default): bursts of 16 and lone requests give exactly the plain
-  server's tokens, and the server reports what it measured and decided.
+  server's tokens, and the server reports what it measured and decided;
+* structured output: regex and JSON-schema requests sent in waves that switch modes give
+  exactly the plain server's tokens, and those that stopped match their constraint.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Sequence
 
@@ -38,6 +42,18 @@ LOGPROB_WAVE = 8
 # float32 on both servers; a misplaced or wrong-token logprob of this trained model is off by
 # far more.
 LOGPROB_TOLERANCE = 1e-2
+GRAMMAR_REGEX = r"(def|class) [a-z_]{1,12}\((x|y|z)?\):"
+GRAMMAR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "size": {"type": "integer", "minimum": 0, "maximum": 999},
+    },
+    "required": ["name", "size"],
+    "additionalProperties": False,
+}
+GRAMMAR_PROMPTS = 32
+GRAMMAR_MAX_TOKENS = 64
 # (EAGLE3 server, EAGLE3_DYNAMIC server) of each draft shape, in the tiny_servers fixture.
 DRAFT_SHAPES = {
     "chain": ("tiny_eagle3", "tiny_dynamic"),
@@ -222,3 +238,59 @@ def test_automatic_policy_is_lossless_and_reports_its_decisions(tiny_servers, ev
     assert report["speculative_steps"] > 0
     assert report["acceptance_estimate"] > 1.5  # the trained draft accepts about 2.4 tokens
     assert report["plain_step_ms"] and report["speculative_step_ms"]
+
+
+def grammar_payload(prompt: Dict, index: int) -> dict:
+    constraint = (
+        {"regex": GRAMMAR_REGEX} if index % 2 == 0 else {"json_schema": json.dumps(GRAMMAR_SCHEMA)}
+    )
+    return {
+        "input_ids": prompt["input_ids"],
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": GRAMMAR_MAX_TOKENS,
+                            **constraint},
+    }
+
+
+def send_payloads_in_waves(server, payloads: Sequence[dict]) -> List[dict]:
+    outputs: List[dict] = []
+    with ThreadPoolExecutor(max_workers=WAVE_SIZE) as pool:
+        for start in range(0, len(payloads), WAVE_SIZE):
+            wave = payloads[start : start + WAVE_SIZE]
+            outputs += list(pool.map(lambda payload: server.post("/generate", payload), wave))
+    return outputs
+
+
+def satisfies_constraint(output: dict, index: int) -> bool:
+    text = output["text"]
+    if index % 2 == 0:
+        return re.fullmatch(GRAMMAR_REGEX, text) is not None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return (set(value) == {"name", "size"} and isinstance(value["size"], int)
+            and len(value["name"]) <= 10)
+
+
+def test_structured_output_is_lossless_across_switches(tiny_servers, eval_set):
+    payloads = [grammar_payload(prompt, index)
+                for index, prompt in enumerate(eval_set["prompts"][:GRAMMAR_PROMPTS])]
+    dynamic_server = tiny_servers["tiny_dynamic"]
+    before = dynamic_server.dynamic_counters()
+    dynamic = send_payloads_in_waves(dynamic_server, payloads)
+    after = dynamic_server.dynamic_counters()
+    plain = send_payloads_in_waves(tiny_servers["tiny_plain"], payloads)
+
+    differences = [index for index, (d, p) in enumerate(zip(dynamic, plain))
+                   if d["output_ids"] != p["output_ids"]]
+    stopped = [index for index, output in enumerate(dynamic)
+               if output["meta_info"]["finish_reason"]["type"] == "stop"]
+    violations = [index for index in stopped if not satisfies_constraint(dynamic[index], index)]
+    switches = {key: after[key] - before.get(key, 0)
+                for key in ("switches_to_plain", "switches_to_speculative")}
+    print(f"structured output: {len(payloads)} requests, {len(stopped)} stopped, differences "
+          f"{differences}, constraint violations {violations}, switches {switches}")
+    assert min(switches.values()) >= 4
+    assert not differences
+    assert stopped and not violations
+
