@@ -353,6 +353,33 @@ def test_extend_batch_without_cpu_seq_lens() -> None:
     assert sub.prefix_lens == [10, 22]
 
 
+def test_extend_batch_reads_the_lengths_the_plain_step_published() -> None:
+    catchup = _catchup()
+    _two_request_history(catchup)
+    # Published lengths deliberately differ from the batch's GPU ones (they are equal on a
+    # server): the sub-batch must take the published ones, not read the GPU tensor.
+    catchup.plain_step_lengths.publish([1, 3, 5], torch.tensor([27, 13, 8]))
+    sub, _ = _extend(catchup, _batch(with_seq_lens_cpu=False), catchup.plan([5, 3, 1]))
+    assert sub.seq_lens_cpu.tolist() == [13, 27]
+    assert sub.prefix_lens == [11, 23]
+
+
+def test_extend_batch_reads_the_gpu_lengths_for_a_row_the_plain_step_did_not_have() -> None:
+    catchup = _catchup()
+    _two_request_history(catchup)
+    catchup.plain_step_lengths.publish([3], torch.tensor([13]))
+    sub, _ = _extend(catchup, _batch(with_seq_lens_cpu=False), catchup.plan([5, 3, 1]))
+    assert sub.seq_lens_cpu.tolist() == [12, 26]
+
+
+def test_a_cpu_mirror_of_the_lengths_wins_over_published_ones() -> None:
+    catchup = _catchup()
+    _two_request_history(catchup)
+    catchup.plain_step_lengths.publish([1, 3, 5], torch.tensor([27, 13, 8]))
+    sub, _ = _extend(catchup, _batch(), catchup.plan([5, 3, 1]))
+    assert sub.seq_lens_cpu.tolist() == [12, 26]
+
+
 def test_extend_batch_without_sampling_info() -> None:
     catchup = _catchup()
     _two_request_history(catchup)

@@ -20,7 +20,7 @@ import copy
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from sglang.srt.layers.moe.utils import (
@@ -65,6 +65,42 @@ def _with_rows(tensor: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -
     return tensor.index_put((rows,), values.to(tensor.dtype))
 
 
+class PlainStepLengths:
+    """The sequence lengths the latest plain step left, readable on the host without waiting
+    for that step.
+
+    A plain step knows its new lengths before its forward (committed length + 1) and copies
+    them to pinned memory there; a catch-up at the next step reads them once that copy is done,
+    which it is long before, since it sits ahead of the plain forward in the stream. Reading the
+    batch's GPU lengths instead would make the host wait for the whole previous step whenever
+    sglang keeps no CPU mirror of them (``needs_cpu_seq_lens`` is False for triton attention).
+    """
+
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self._on_gpu = torch.device(device).type == "cuda"
+        self._host = torch.zeros(capacity, dtype=torch.int64, pin_memory=self._on_gpu)
+        self._ready = torch.cuda.Event() if self._on_gpu else None
+        self._row_of: Dict[int, int] = {}
+
+    def publish(self, req_pool_indices_cpu: Sequence[int], seq_lens: torch.Tensor) -> None:
+        self._host[: len(req_pool_indices_cpu)].copy_(
+            seq_lens.to(torch.int64), non_blocking=self._on_gpu
+        )
+        if self._ready is not None:
+            self._ready.record()
+        self._row_of = {index: row for row, index in enumerate(req_pool_indices_cpu)}
+
+    def lengths(self, req_pool_indices: Sequence[int]) -> Optional[List[int]]:
+        """These request slots' lengths as the latest plain step left them, or None if one of
+        them was not in that step."""
+        rows = [self._row_of.get(index) for index in req_pool_indices]
+        if any(row is None for row in rows):
+            return None
+        if self._ready is not None:
+            self._ready.synchronize()
+        return [int(self._host[row]) for row in rows]
+
+
 @dataclass(frozen=True)
 class CatchupPlan:
     """Which rows of a decode batch need catch-up, and how many positions each."""
@@ -97,6 +133,7 @@ class DraftCatchup:
         )
         self._missed = [0] * req_pool_size
         self.device = device
+        self.plain_step_lengths = PlainStepLengths(req_pool_size, device)
         self.gpu_time = GpuIntervals()
 
     def _on_device(self, values: Sequence[int]) -> torch.Tensor:
@@ -182,6 +219,18 @@ class DraftCatchup:
         )
         self.forget([int(batch.req_pool_indices_cpu[row]) for row in plan.rows])
 
+    def _lengths_on_host(
+        self, batch: ScheduleBatch, plan: CatchupPlan, seq_lens: torch.Tensor
+    ) -> List[int]:
+        """The rows' lengths on the host: sglang's CPU mirror, else what the plain step before
+        published, else (a row that was not in it) a synchronising copy."""
+        if batch.seq_lens_cpu is not None:
+            return batch.seq_lens_cpu[plan.rows].tolist()
+        published = self.plain_step_lengths.lengths(
+            [int(batch.req_pool_indices_cpu[row]) for row in plan.rows]
+        )
+        return published if published is not None else seq_lens.cpu().tolist()
+
     def _extend_batch(
         self, draft_worker, batch: ScheduleBatch, plan: CatchupPlan, rows: torch.Tensor
     ) -> Tuple[ScheduleBatch, torch.Tensor]:
@@ -190,11 +239,7 @@ class DraftCatchup:
         num_tokens = plan.num_tokens
         lengths = self._on_device(plan.lengths)
         seq_lens = batch.seq_lens[rows].to(torch.int64)
-        seq_lens_cpu = (
-            batch.seq_lens_cpu[plan.rows]
-            if batch.seq_lens_cpu is not None
-            else seq_lens.cpu()
-        ).tolist()
+        seq_lens_cpu = self._lengths_on_host(batch, plan, seq_lens)
         req_pool_indices = batch.req_pool_indices[rows]
         token_req = torch.repeat_interleave(req_pool_indices, lengths, output_size=num_tokens)
         starts = torch.repeat_interleave(seq_lens - lengths, lengths, output_size=num_tokens)

@@ -92,6 +92,7 @@ class PlainDecodeStep:
         positions = batch.seq_lens
         req_pool_indices_cpu = req_pool_indices(batch)
         turn_into_decode_batch(batch, target_runner.req_to_token_pool.req_to_token)
+        self._catchup.plain_step_lengths.publish(req_pool_indices_cpu, batch.seq_lens)
         # Plain steps know their new lengths before the forward; publishing now
         # lets the scheduler prepare the next step while this one runs.
         if on_publish is not None:
