@@ -14,7 +14,7 @@ import pytest
 import torch
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
-from sglang.srt.models import llama_eagle3
+from sglang.srt.models import llama, llama_eagle3
 
 from sglang_dynamic_eagle import draft_prefill
 from sglang_dynamic_eagle.draft_prefill import (
@@ -30,16 +30,31 @@ WIDTH = 16
 
 
 class RowAttention(torch.nn.Module):
-    """Stands in for self_attn: a per-row linear map from the 2x-wide input."""
+    """Stands in for LlamaAttention with its three parts; the attention of a row depends on
+    that row alone (as its K/V do), so sglang's layer and ours can be compared row by row."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.proj = torch.nn.Linear(2 * WIDTH, WIDTH, bias=False)
-        self.rows_seen: List[int] = []
+        self.qkv = torch.nn.Linear(2 * WIDTH, 3 * WIDTH, bias=False)
+        self.out = torch.nn.Linear(WIDTH, WIDTH, bias=False)
+        self.rows_attended: List[int] = []
+        self.rows_projected: List[int] = []
+
+    def forward_prepare_native(self, positions, hidden_states):
+        return self.qkv(hidden_states).split(WIDTH, dim=-1)
+
+    def attn(self, q, k, v, forward_batch):
+        self.rows_attended.append(q.shape[0])
+        return q * k + v
+
+    def o_proj(self, attended):
+        self.rows_projected.append(attended.shape[0])
+        return self.out(attended), None
 
     def forward(self, positions, hidden_states, forward_batch):
-        self.rows_seen.append(hidden_states.shape[0])
-        return self.proj(hidden_states)
+        q, k, v = self.forward_prepare_native(positions, hidden_states)
+        output, _ = self.o_proj(self.attn(q, k, v, forward_batch))
+        return output
 
 
 class RecordingMlp(torch.nn.Module):
@@ -111,8 +126,10 @@ def test_rows_that_are_read_match_sglangs_layer_and_the_rest_are_zero() -> None:
     others = [row for row in range(num_rows) if row not in last]
     assert torch.count_nonzero(hidden[others]) == 0
     assert torch.count_nonzero(residual[others]) == 0
-    # Attention (which writes every position's K/V) saw every row, the MLP only the last ones.
-    assert layer.self_attn.rows_seen == [num_rows]
+    # Attention (which writes every position's K/V) saw every row; the output projection and
+    # the MLP only the last ones.
+    assert layer.self_attn.rows_attended == [num_rows]
+    assert layer.self_attn.rows_projected == [len(extend_lens)]
     assert layer.mlp.rows_seen == [len(extend_lens)]
 
 
@@ -149,10 +166,20 @@ def test_one_row_per_request_graph_capture_and_compilation_keep_the_full_layer(m
     assert last_rows(prefill_batch([4, 2]), capturing) is None
 
 
+def sglangs_attention() -> llama.LlamaAttention:
+    attention = object.__new__(llama.LlamaAttention)
+    torch.nn.Module.__init__(attention)
+    return attention
+
+
 def fake_draft_model(num_layers: int = 1, model_class=llama_eagle3.LlamaForCausalLMEagle3):
+    """A draft model of sglang's classes (no weights), as swap_reason sees it."""
     model = object.__new__(model_class)
     torch.nn.Module.__init__(model)
-    model.model = SimpleNamespace(layers=[sglang_layer() for _ in range(num_layers)])
+    layers = [sglang_layer() for _ in range(num_layers)]
+    for layer in layers:
+        layer.self_attn = sglangs_attention()
+    model.model = SimpleNamespace(layers=layers)
     return model
 
 
@@ -172,6 +199,12 @@ def test_the_swap_applies_to_one_layer_llama_eagle3_drafts_only(monkeypatch) -> 
     assert swap_reason(other) == "draft architecture OtherDraft"
     assert not use_last_position_mlp(other)
     assert type(other.model.layers[0]) is llama_eagle3.LlamaDecoderLayer
+
+
+def test_another_attention_keeps_sglangs_path() -> None:
+    model = fake_draft_model()
+    model.model.layers[0].self_attn = RowAttention()
+    assert swap_reason(model) == "draft attention RowAttention"
 
 
 def test_a_changed_upstream_layer_keeps_sglangs_path(monkeypatch) -> None:

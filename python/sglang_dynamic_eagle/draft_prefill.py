@@ -8,8 +8,9 @@ capture that seeds the first draft step. sglang's layer still runs the post-atte
 the MLP (about 60% of the layer's matmul work at Llama-8B shapes) over every prompt token.
 
 :class:`LastPositionDraftLayer` runs embedding, norms, qkv and attention (which writes the K/V
-of every position) over all rows as sglang does, and the post-attention norm and MLP over the
-last row of each request only; the other rows of its output are zeros, which nothing reads.
+of every position) over all rows as sglang does, and the attention's output projection, the
+post-attention norm and the MLP over the last row of each request only; the other rows of its
+output are zeros, which nothing reads.
 Per row the arithmetic is sglang's; a GEMM over fewer rows may round differently in the last
 bit, which can change a draft proposal (acceptance), never an output token (the target
 verifies every one).
@@ -32,13 +33,14 @@ from typing import Optional, Tuple
 
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang.srt.models import llama_eagle3
+from sglang.srt.models import llama, llama_eagle3
 
 logger = logging.getLogger(__name__)
 
-# sha256 (first 16 hex digits) of inspect.getsource(llama_eagle3.LlamaDecoderLayer.forward)
-# in sglang 0.5.17, whose computation LastPositionDraftLayer.forward restates.
-UPSTREAM_LAYER_FINGERPRINT = "bec5abf514869c7e"
+# sha256 (first 16 hex digits) of the source of llama_eagle3.LlamaDecoderLayer.forward and
+# llama.LlamaAttention.forward in sglang 0.5.17, whose computation LastPositionDraftLayer.forward
+# restates.
+UPSTREAM_LAYER_FINGERPRINT = "780e7dc679702ec9"
 DRAFT_PREFILL_ENV = "SGLANG_DYNAMIC_EAGLE_DRAFT_PREFILL"
 LAST_POSITION = "last-position"
 FULL = "full"
@@ -57,7 +59,10 @@ def draft_prefill_choice() -> str:
 
 
 def upstream_layer_fingerprint() -> str:
-    source = inspect.getsource(llama_eagle3.LlamaDecoderLayer.forward)
+    source = "".join(
+        inspect.getsource(function)
+        for function in (llama_eagle3.LlamaDecoderLayer.forward, llama.LlamaAttention.forward)
+    )
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
@@ -102,12 +107,12 @@ class LastPositionDraftLayer(llama_eagle3.LlamaDecoderLayer):
         attention_input = torch.cat(
             [self.input_layernorm(embeds), self.hidden_norm(hidden_states)], dim=-1
         )
-        attention_output = self.self_attn(
-            positions=positions, hidden_states=attention_input, forward_batch=forward_batch
-        )
-        last_hidden, last_residual = self.post_attention_layernorm(
-            attention_output[rows], residual[rows]
-        )
+        # sglang's LlamaAttention.forward for an extend, with o_proj on the rows read only.
+        attention = self.self_attn
+        q, k, v = attention.forward_prepare_native(positions=positions, hidden_states=attention_input)
+        attended = attention.attn(q, k, v, forward_batch)  # writes every position's K/V
+        attention_output, _ = attention.o_proj(attended[rows])
+        last_hidden, last_residual = self.post_attention_layernorm(attention_output, residual[rows])
         num_rows = hidden_states.shape[0]
         return (
             _rows_into_zeros(self.mlp(last_hidden), rows, num_rows),
@@ -124,6 +129,8 @@ def swap_reason(draft_model: torch.nn.Module) -> Optional[str]:
     layers = draft_model.model.layers
     if len(layers) != 1 or type(layers[0]) is not llama_eagle3.LlamaDecoderLayer:
         return f"{len(layers)}-layer draft"
+    if type(layers[0].self_attn) is not llama.LlamaAttention:
+        return f"draft attention {type(layers[0].self_attn).__name__}"
     fingerprint = upstream_layer_fingerprint()
     if fingerprint != UPSTREAM_LAYER_FINGERPRINT:
         return f"sglang's EAGLE-3 layer code changed (fingerprint {fingerprint})"
@@ -137,6 +144,6 @@ def use_last_position_mlp(draft_model: torch.nn.Module) -> bool:
         logger.info("EAGLE3_DYNAMIC: draft prefill runs sglang's full layer (%s).", reason)
         return False
     draft_model.model.layers[0].__class__ = LastPositionDraftLayer
-    logger.info("EAGLE3_DYNAMIC: draft prefill runs the draft MLP at each request's last "
-                "position only.")
+    logger.info("EAGLE3_DYNAMIC: draft prefill runs the draft's output projection and MLP at "
+                "each request's last position only.")
     return True

@@ -135,8 +135,9 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         target="sglang.srt.models.llama_eagle3.LlamaDecoderLayer",
         how="subclassed (draft_prefill.LastPositionDraftLayer) and swapped in as the class "
         "of a one-layer LlamaForCausalLMEagle3 draft's layer; its forward restates "
-        "sglang's input-layer forward with the post-attention norm and MLP on the last "
-        "row of each request",
+        "sglang's input-layer forward and LlamaAttention.forward (forward_prepare_native, "
+        "attn, o_proj) with o_proj, the post-attention norm and the MLP on the last row of "
+        "each request",
         why="sglang runs the draft MLP over every prompt token in a prefill, and only the "
         "last row of each request is read (LogitsProcessor pruning, LAST hidden capture)",
         drop_when="sglang prunes draft-extend rows before the MLP (or lets a model skip "
@@ -146,6 +147,8 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         code=(
             "sglang.srt.models.llama_eagle3.LlamaDecoderLayer.forward",
             "sglang.srt.models.llama_eagle3.LlamaForCausalLMEagle3",
+            "sglang.srt.models.llama.LlamaAttention.forward",
+            "sglang.srt.models.llama.LlamaAttention.forward_prepare_native",
             "sglang.srt.layers.logits_processor.LogitsProcessor._get_pruned_states",
         ),
     ),
