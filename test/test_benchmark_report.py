@@ -557,11 +557,27 @@ def test_mode_counter_table_lists_dynamic_runs():
     assert f"{100 * 30 / 120:.1f}%" in table[2]
 
 
+def test_prefill_table_shows_the_drafts_share_of_prefill_gpu_time():
+    before = {**counters(10, 0), "prefill_batches": 2, "prefill_tokens": 1000,
+              "prefill_target_gpu_ms": 50.0, "prefill_draft_gpu_ms": 2.0}
+    after = {**counters(40, 90), "prefill_batches": 12, "prefill_tokens": 9000,
+             "prefill_target_gpu_ms": 450.0, "prefill_draft_gpu_ms": 12.0}
+    delta = mode_counters.counter_delta(before, after)
+    document = document_with([ok_run("dynamic", 64, 5000.0, delta=delta), ok_run("plain", 64, 6000.0)],
+                             ["plain", "dynamic"])
+    table = report.prefill_table(document)
+    assert len(table) == 3
+    cells = [cell.strip() for cell in table[2].split("|")[1:-1]]
+    assert cells == ["dynamic", "64", "10", "8000", "400.0", "10.0", "2.5%"]
+    without = document_with([ok_run("plain", 64, 6000.0)], ["plain"])
+    assert report.prefill_table(without)[0].startswith("No run reported prefill timings")
+
+
 def test_markdown_report_has_every_section():
     document = document_with([ok_run("plain", 1, 200.0), ok_run("eagle3", 1, 370.0)], ["plain", "eagle3"])
     text = report.render_markdown(document)
     for heading in ("Output throughput", "TTFT (ms)", "TPOT (ms)", "ITL (ms)", "mode counters",
-                    "TTFT probe", "Servers", "Problems"):
+                    "prefill GPU time", "TTFT p10 / p50 / p90", "TTFT probe", "Servers", "Problems"):
         assert heading in text
     assert "(1.85x)" in text and "(0.54x)" in text
 

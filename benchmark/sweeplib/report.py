@@ -133,6 +133,32 @@ def mode_counter_table(document: dict) -> list[str]:
     return _markdown_table(header, rows)
 
 
+def prefill_table(document: dict) -> list[str]:
+    rows = []
+    for run in runs_in_report_order(document):
+        delta = mode_counters.run_delta(run.get("mode_counters")) or {}
+        target_ms, draft_ms = delta.get("prefill_target_gpu_ms"), delta.get("prefill_draft_gpu_ms")
+        if target_ms is None or draft_ms is None:
+            continue
+        rows.append([
+            run["config"], str(run["concurrency"]), str(delta.get("prefill_batches", "-")),
+            str(delta.get("prefill_tokens", "-")), _format_number(target_ms),
+            _format_number(draft_ms),
+            f"{100 * draft_ms / target_ms:.1f}%" if target_ms else "-",
+        ])
+    if not rows:
+        return ["No run reported prefill timings (`prefill_target_gpu_ms` in /server_info)."]
+    header = ["config", "concurrency", "prefill batches", "prompt tokens", "target extend GPU ms",
+              "draft extend GPU ms", "draft / target"]
+    return _markdown_table(header, rows)
+
+
+def _deciles_text(deciles: list | None) -> str:
+    if not deciles:
+        return "-"
+    return " / ".join(_format_number(deciles[index], 0) for index in (0, 4, 8))
+
+
 def ttft_diagnostics_table(document: dict) -> list[str]:
     rows = []
     for run in runs_in_report_order(document):
@@ -145,10 +171,12 @@ def ttft_diagnostics_table(document: dict) -> list[str]:
             _format_number(diag.get("first_request_ttft_ms")),
             _format_number(diag.get("median_ttft_excluding_first_ms")),
             f"{diag.get('requests_with_text_only_in_last_chunk', '-')} / {diag.get('requests_without_visible_text', '-')} of {run['num_prompts']}",
+            _deciles_text(diag.get("ttft_deciles_ms")),
         ])
     header = [
         "config", "concurrency", "median TTFT", "median E2E", "TTFT / E2E",
         "first request TTFT", "median TTFT without first", "text only in last chunk / never",
+        "TTFT p10 / p50 / p90",
     ]
     return _markdown_table(header, rows)
 
@@ -280,6 +308,10 @@ def render_markdown(document: dict) -> str:
          *accept_length_table(document)],
         ["## EAGLE3_DYNAMIC mode counters (change over each run, warmup request included)", "",
          *mode_counter_table(document)],
+        ["## EAGLE3_DYNAMIC prefill GPU time (change over each run)", "",
+         "From CUDA events around each prefill's target extend and draft extend: what the "
+         "draft's prefill costs next to the target's.", "",
+         *prefill_table(document)],
         ["## TTFT checks from bench_serving's per-request details", "",
          "bench_serving stamps TTFT at the first chunk with visible text. TTFT / E2E near 1 and "
          "requests whose text came only in the last chunk mean the TTFT column measured "
