@@ -8,6 +8,7 @@ from typing import Dict, Iterator, List
 
 import pytest
 
+from sglang_dynamic_eagle.draft_catchup import CATCHUP_BUDGET_ENV
 from sglang_dynamic_eagle.unsupported import EXPERIMENTAL_TREES_ENV
 
 from gpu_servers import (
@@ -42,7 +43,8 @@ def eval_set() -> dict:
 @pytest.fixture(scope="session")
 def tiny_servers() -> Iterator[Dict[str, Server]]:
     """Plain, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds, and automatic) servers of the tiny
-    trained pair, and EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds) with a tree of topk 4."""
+    trained pair, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds) with a tree of topk 4, and the
+    catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1)."""
     common = ["--model-path", str(TINY_PAIR / "target"), "--dtype", TINY_PAIR_DTYPE,
               *COMMON_SERVER_ARGS, "--cuda-graph-max-bs-decode", "32"]
     draft = eagle3_args(TINY_PAIR / "draft", dummy=False)
@@ -62,9 +64,14 @@ def tiny_servers() -> Iterator[Dict[str, Server]]:
         "tiny_dynamic_tree": common + ["--mem-fraction-static", "0.5",
                                        "--speculative-algorithm", "EAGLE3_DYNAMIC", *tree_draft,
                                        *FIXED_THRESHOLD_FLAGS],
+        # Negative control of the catch-up test: a 1 MiB stash leaves a window of 1 position.
+        "tiny_dynamic_window1": common + ["--mem-fraction-static", "0.5",
+                                          "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
+                                          *FIXED_THRESHOLD_FLAGS],
     }
     env = {**tiny_pair_server_env(), EXPERIMENTAL_TREES_ENV: "1"}
-    with running_servers(specs, env=env) as started:
+    server_envs = {"tiny_dynamic_window1": {CATCHUP_BUDGET_ENV: "1"}}
+    with running_servers(specs, env=env, server_envs=server_envs) as started:
         yield started
 
 

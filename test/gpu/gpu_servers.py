@@ -148,8 +148,13 @@ def stop_server(server: Server) -> None:
 
 
 @contextlib.contextmanager
-def running_servers(specs: Dict[str, List[str]], env: Optional[Dict[str, str]] = None) -> Iterator[Dict[str, Server]]:
-    """Start servers one after another on the shared GPU, yield them by name.
+def running_servers(
+    specs: Dict[str, List[str]],
+    env: Optional[Dict[str, str]] = None,
+    server_envs: Optional[Dict[str, Dict[str, str]]] = None,
+) -> Iterator[Dict[str, Server]]:
+    """Start servers one after another on the shared GPU, yield them by name. ``env`` goes to
+    every server, ``server_envs[name]`` to one.
 
     sglang sizes its memory from what is free when it starts, so starts are
     sequential: give later servers a larger --mem-fraction-static (a fraction
@@ -158,7 +163,7 @@ def running_servers(specs: Dict[str, List[str]], env: Optional[Dict[str, str]] =
     servers: Dict[str, Server] = {}
     try:
         for name, args in specs.items():
-            servers[name] = start_server(name, args, env)
+            servers[name] = start_server(name, args, {**(env or {}), **(server_envs or {}).get(name, {})})
             wait_healthy(servers[name])
         yield servers
     finally:
