@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Iterator, List
 
 import pytest
 
@@ -18,9 +18,8 @@ from gpu_servers import (
     TINY_PAIR,
     TINY_PAIR_DTYPE,
     TREE_SHAPE,
-    Server,
+    LazyServers,
     eagle3_args,
-    running_servers,
     tiny_pair_server_env,
 )
 
@@ -41,10 +40,11 @@ def eval_set() -> dict:
 
 
 @pytest.fixture(scope="session")
-def tiny_servers() -> Iterator[Dict[str, Server]]:
+def tiny_servers() -> Iterator[LazyServers]:
     """Plain, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds, and automatic) servers of the tiny
     trained pair, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds) with a tree of topk 4, and the
-    catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1)."""
+    catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1). Each starts
+    when a test first uses it: all of them do not fit one 10-minute device call."""
     common = ["--model-path", str(TINY_PAIR / "target"), "--dtype", TINY_PAIR_DTYPE,
               *COMMON_SERVER_ARGS, "--cuda-graph-max-bs-decode", "32"]
     draft = eagle3_args(TINY_PAIR / "draft", dummy=False)
@@ -71,8 +71,11 @@ def tiny_servers() -> Iterator[Dict[str, Server]]:
     }
     env = {**tiny_pair_server_env(), EXPERIMENTAL_TREES_ENV: "1"}
     server_envs = {"tiny_dynamic_window1": {CATCHUP_BUDGET_ENV: "1"}}
-    with running_servers(specs, env=env, server_envs=server_envs) as started:
-        yield started
+    servers = LazyServers(specs, env=env, server_envs=server_envs)
+    try:
+        yield servers
+    finally:
+        servers.stop_all()
 
 
 def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:

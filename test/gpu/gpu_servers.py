@@ -179,6 +179,35 @@ TREE_SHAPE = [
 ]
 
 
+class LazyServers:
+    """Servers started on first use (``servers[name]``) and stopped together by ``stop_all``, so
+    that a run of some of the tests starts only the servers those tests use."""
+
+    def __init__(
+        self,
+        specs: Dict[str, List[str]],
+        env: Optional[Dict[str, str]] = None,
+        server_envs: Optional[Dict[str, Dict[str, str]]] = None,
+    ) -> None:
+        self._specs = specs
+        self._env = env or {}
+        self._server_envs = server_envs or {}
+        self._started: Dict[str, Server] = {}
+
+    def __getitem__(self, name: str) -> Server:
+        if name not in self._started:
+            server = start_server(name, self._specs[name],
+                                  {**self._env, **self._server_envs.get(name, {})})
+            self._started[name] = server
+            wait_healthy(server)
+        return self._started[name]
+
+    def stop_all(self) -> None:
+        for server in self._started.values():
+            stop_server(server)
+        self._started.clear()
+
+
 def eagle3_args(draft_path: Path, *, dummy: bool) -> List[str]:
     args = [
         "--speculative-draft-model-path", str(draft_path),

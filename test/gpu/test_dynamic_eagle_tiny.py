@@ -181,7 +181,7 @@ def test_acceptance_recovers_after_plain_stretch(tiny_servers, eval_set, shape):
     assert resumed["acceptance"] >= (1 - MAX_ACCEPTANCE_LOSS) * eagle3_acceptance
 
 
-def test_catch_up_is_what_recovers_acceptance(tiny_servers, eval_set):
+def test_catch_up_beats_a_window_of_one_control(tiny_servers, eval_set):
     """The negative control of the test above, in the same run: with a catch-up window of one
     position, the plainly decoded positions keep stale draft KV and acceptance must be clearly
     lower than with the full catch-up."""
