@@ -29,6 +29,7 @@ from sglang.srt.layers.moe.utils import (
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+from sglang_dynamic_eagle.startup_errors import StartupError
 from sglang_dynamic_eagle.step_costs import GpuIntervals
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def catchup_budget_bytes() -> int:
     """The stash's memory budget, from the environment (checked at server start-up)."""
     raw = os.environ.get(CATCHUP_BUDGET_ENV, str(DEFAULT_CATCHUP_BUDGET_MIB))
     if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(
+        raise StartupError(
             f"{CATCHUP_BUDGET_ENV}={raw!r} is invalid: set it to a positive number "
             "of MiB for the draft-KV catch-up stash, or unset it for the default "
             f"({DEFAULT_CATCHUP_BUDGET_MIB})."

@@ -35,6 +35,8 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.models import llama, llama_eagle3
 
+from sglang_dynamic_eagle.startup_errors import StartupError
+
 logger = logging.getLogger(__name__)
 
 # sha256 (first 16 hex digits) of the source of llama_eagle3.LlamaDecoderLayer.forward and
@@ -50,7 +52,7 @@ def draft_prefill_choice() -> str:
     """The environment's choice (checked at server start-up)."""
     choice = os.environ.get(DRAFT_PREFILL_ENV, LAST_POSITION)
     if choice not in (LAST_POSITION, FULL):
-        raise ValueError(
+        raise StartupError(
             f"{DRAFT_PREFILL_ENV}={choice!r} is invalid: set it to {LAST_POSITION} (the "
             f"default: the draft MLP only where a proposal is read) or {FULL} (sglang's "
             "layer over every prompt token), or unset it."

@@ -53,6 +53,7 @@ from sglang_dynamic_eagle.policy import (
     PATIENCE_FLAG,
     check_int_at_least,
 )
+from sglang_dynamic_eagle.startup_errors import StartupError
 from sglang_dynamic_eagle.unsupported import unsupported_reason
 
 logger = logging.getLogger(__name__)
@@ -242,12 +243,12 @@ def current_flags() -> DynamicEagleFlags:
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise ValueError(
+        raise StartupError(
             f"{ENV_VAR} must be a JSON object such as "
             f'{{"disable_batch_threshold": 24}}, got {raw!r} ({e.msg}).'
         ) from None
     if not isinstance(data, dict):
-        raise ValueError(f"{ENV_VAR} must be a JSON object, got {raw!r}.")
+        raise StartupError(f"{ENV_VAR} must be a JSON object, got {raw!r}.")
     return flags_from_mapping(data)
 
 
@@ -335,29 +336,29 @@ def validate_server_args(server_args) -> None:
 
     Called by sglang's ``handle_speculative_decoding`` (inside ``ServerArgs.__post_init__``)
     for custom algorithms, before the EAGLE defaults for steps/topk/draft tokens are
-    applied (they may still be None here). Raises ``ValueError`` with a one-line message
+    applied (they may still be None here). Raises ``StartupError`` with a one-line message
     that names the flag and the fix.
     """
     flags = current_flags()  # raises for a malformed ENV_VAR
     n, m = flags.disable_batch_threshold, flags.enable_batch_threshold
     if n is None and m is not None:
-        raise ValueError(
+        raise StartupError(
             f"{ENABLE_FLAG} only applies with fixed thresholds; give a number for "
             f"{DISABLE_FLAG} or remove {ENABLE_FLAG} (the default, {AUTO}, measures the "
             "switch point itself)."
         )
     if n is not None and n > 0 and m > n:
-        raise ValueError(
+        raise StartupError(
             f"{ENABLE_FLAG} ({m}) must be <= {DISABLE_FLAG} ({n}); lower {ENABLE_FLAG} "
             f"or raise {DISABLE_FLAG}."
         )
 
     if not getattr(server_args, "speculative_draft_model_path", None):
-        raise ValueError(
+        raise StartupError(
             f"--speculative-algorithm {ALGORITHM_NAME} requires "
             "--speculative-draft-model-path (an EAGLE-3 draft model for the target)."
         )
 
     reason = unsupported_reason(server_args)
     if reason is not None:
-        raise ValueError(reason)
+        raise StartupError(reason)

@@ -14,6 +14,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import get_spec
 
 from sglang_dynamic_eagle import flags, upstream_internals
+from sglang_dynamic_eagle.startup_errors import install_excepthook
 from sglang_dynamic_eagle.spec_algo import ALGORITHM_NAME, DynamicEagleSpecAlgo
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ def _validate_server_args(server_args: ServerArgs) -> None:
 
 def register() -> None:
     """Register EAGLE3_DYNAMIC, its flags and its hooks. Idempotent."""
+    install_excepthook()
     if get_spec(ALGORITHM_NAME) is not None:
         return
     SpeculativeAlgorithm.register(

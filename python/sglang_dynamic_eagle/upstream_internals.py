@@ -169,6 +169,16 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         ),
     ),
     UpstreamReliance(
+        target="python -m sglang.launch_server: argument errors reach the top (behaviour)",
+        how="plugin.register installs a sys.excepthook that prints a StartupError (raised by "
+        "this package's startup validation inside ServerArgs.__post_init__) as one line",
+        why="prepare_server_args does not catch errors from ServerArgs.__post_init__, so the "
+        "interpreter printed a 25-line traceback above the one line that names the fix",
+        drop_when="sglang reports argument errors without a traceback",
+        kind=BEHAVIOUR,
+        code=("sglang.srt.server_args.prepare_server_args",),
+    ),
+    UpstreamReliance(
         target="EAGLEWorkerV2.forward_batch_generation on_publish (behaviour)",
         how="the worker always passes an on_publish callback to a prefill and marks the "
         "end of the target extend there (prefill_timing)",

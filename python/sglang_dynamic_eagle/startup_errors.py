@@ -1,0 +1,40 @@
+"""Startup refusals as one line, without a traceback.
+
+:class:`StartupError` (a ``ValueError``) is what this package raises for a configuration it
+refuses before any GPU work; its message names the flag or variable and the fix. sglang lets
+such an error rise out of ``ServerArgs.__post_init__`` to the top of
+``python -m sglang.launch_server``, where Python would print a traceback of about 25 lines
+above the message. :func:`install_excepthook` (run by ``plugin.register``) makes the
+interpreter print only ``error: <message>`` for a StartupError and leaves every other
+exception to the hook that was there before.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+from typing import Callable, Optional, Type
+
+ExceptHook = Callable[[Type[BaseException], BaseException, Optional[TracebackType]], None]
+
+
+class StartupError(ValueError):
+    """A configuration refused at startup; the message is one line naming the fix."""
+
+
+def one_line_excepthook(previous: ExceptHook) -> ExceptHook:
+    def excepthook(exc_type, exc, traceback) -> None:
+        if issubclass(exc_type, StartupError):
+            print(f"error: {exc}", file=sys.stderr)
+            return
+        previous(exc_type, exc, traceback)
+
+    excepthook.prints_startup_errors = True
+    return excepthook
+
+
+def install_excepthook() -> None:
+    """Idempotent: a second call keeps the hook already installed."""
+    if getattr(sys.excepthook, "prints_startup_errors", False):
+        return
+    sys.excepthook = one_line_excepthook(sys.excepthook)
