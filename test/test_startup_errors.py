@@ -37,15 +37,22 @@ def test_startup_errors_are_value_errors() -> None:
 
 
 @pytest.mark.usefixtures("clean_flags_env")
-def test_the_launcher_prints_a_refusal_without_a_traceback(tiny_models) -> None:
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--speculative-num-steps", "0"], "--speculative-num-steps 0"),
+        (["--speculative-switch-patience", "0"], "--speculative-switch-patience must be"),
+    ],
+    ids=["refused combination", "bad flag value"],
+)
+def test_the_launcher_prints_a_refusal_in_one_line(tiny_models, argv, needle) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "sglang.launch_server", "--model-path", tiny_models.llama,
          "--device", "cpu", "--speculative-algorithm", "EAGLE3_DYNAMIC",
-         "--speculative-draft-model-path", tiny_models.draft, "--speculative-num-steps", "0"],
+         "--speculative-draft-model-path", tiny_models.draft, *argv],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 1
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr and "usage:" not in proc.stderr
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(error_lines) == 1
-    assert "--speculative-num-steps 0" in error_lines[0] and "or more" in error_lines[0]
+    assert len(error_lines) == 1 and needle in error_lines[0]

@@ -128,17 +128,6 @@ def _check_disable_threshold(value: Any) -> Optional[int]:
         ) from None
 
 
-def _argparse_type(check: Callable[[str], Any], expected: str) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            return check(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}") from None
-
-    convert.__name__ = expected
-    return convert
-
-
 @dataclass(frozen=True)
 class FlagSpec:
     """One flag, declared once: its DynamicEagleFlags field (also its JSON key in ENV_VAR), its
@@ -148,7 +137,6 @@ class FlagSpec:
     flag: str
     metavar: str
     check: Callable[[Any], Any]  # a given value (text or JSON) -> the value; ValueError names the flag
-    expected: str  # what argparse says a bad value should have been
     help: str
 
     @property
@@ -163,7 +151,6 @@ FLAG_SPECS: Tuple[FlagSpec, ...] = (
         flag=DISABLE_FLAG,
         metavar="{auto,N}",
         check=_check_disable_threshold,
-        expected=f"'{AUTO}' or an integer >= 0",
         help=(
             f"'{AUTO}' (the default): speculate while the step costs and acceptance measured on "
             "this server say a speculative step yields more tokens per second than a plain one. "
@@ -178,7 +165,6 @@ FLAG_SPECS: Tuple[FlagSpec, ...] = (
         flag=ENABLE_FLAG,
         metavar="M",
         check=partial(_check_value, ENABLE_FLAG, minimum=0),
-        expected="an integer >= 0",
         help=(
             "With a numeric N only: speculation turns back on only when the running decode "
             "batch is at most M for K consecutive decode steps. Must be <= N. "
@@ -190,7 +176,6 @@ FLAG_SPECS: Tuple[FlagSpec, ...] = (
         flag=PATIENCE_FLAG,
         metavar="K",
         check=partial(_check_value, PATIENCE_FLAG, minimum=1),
-        expected="an integer >= 1",
         help=(
             "Consecutive decode steps that must qualify before the mode switches, with either "
             f"policy (>= 1). Default: {DEFAULT_SWITCH_PATIENCE}."
@@ -275,7 +260,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         group.add_argument(
             spec.flag,
             dest=spec.dest,
-            type=_argparse_type(spec.check, spec.expected),
+            # Checked by around_from_cli_args, which refuses a bad value in one line (argparse
+            # would print sglang's whole usage text first).
             default=None,
             metavar=spec.metavar,
             help=f"{spec.help} Only applies with --speculative-algorithm {ALGORITHM_NAME}.",
@@ -305,7 +291,10 @@ def around_from_cli_args(original_fn, cls, args, *rest, **kwargs):
     """HookRegistry AROUND hook on ``ServerArgs.from_cli_args`` (a classmethod: the hook gets
     ``(original_fn, cls, args)``)."""
     global _last_exported
-    flags = flags_from_namespace(args)
+    try:
+        flags = flags_from_namespace(args)
+    except ValueError as error:
+        raise StartupError(str(error)) from None
     previous = os.environ.get(ENV_VAR)
     if previous is not None and previous != _last_exported and previous != flags.to_json():
         logger.warning(
