@@ -1,0 +1,96 @@
+"""EAGLE3_DYNAMIC in the configurations users run besides the default one, each against a plain
+server of the same configuration, in bf16 with dummy weights (a difference counts only as a
+numerical tie where the plain top-2 margin is below 1e-3):
+
+* ``non_overlap``: ``--disable-overlap-schedule`` (sglang drives the spec-v2 worker
+  synchronously, without the future map or on_publish), 8B-shaped Llama pair;
+* ``flashinfer``: flashinfer attention (sglang's default on SM120), whose plain graphs get a
+  backend instance and workspace of their own, 8B-shaped Llama pair. flashinfer JIT-compiles
+  its kernels on a machine's first start with them (minutes): run it after a call that warmed
+  the cache, or alone with time to spare;
+* ``mla_moe``: the DeepSeek-V3-shaped MLA + MoE pair that models/mla_moe_dummy_pair.py writes,
+  with triton attention (which implements MLA).
+
+Each configuration starts its own two servers; select one with ``-k``, e.g.
+``bash test/gpu/run_on_device.sh test/gpu/test_dynamic_eagle_configurations.py -k mla_moe``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, Iterator, List, Tuple
+
+import pytest
+
+from gpu_servers import (
+    COMMON_SERVER_ARGS,
+    FIXED_THRESHOLD_FLAGS,
+    REPO_ROOT,
+    Server,
+    assert_lossless_across_switches,
+    dummy8b_args,
+    eagle3_args,
+    make_prompts,
+    running_servers,
+)
+
+pytestmark = pytest.mark.gpu
+
+NUM_PROMPTS = 48
+WAVE_SIZE = 4
+CAPACITY_REQUESTS = 96
+# configuration -> (model pair, extra flags of both servers, extra flags of the dynamic one)
+CONFIGURATIONS: Dict[str, Tuple[str, List[str], List[str]]] = {
+    "non_overlap": ("llama8b", [], ["--disable-overlap-schedule"]),
+    "flashinfer": ("llama8b", ["--attention-backend", "flashinfer"], []),
+    "mla_moe": ("mla_moe", [], []),
+}
+
+
+def mla_moe_args(kit_models: Path, out: Path) -> Tuple[List[str], List[str]]:
+    written = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "models" / "mla_moe_dummy_pair.py"), "--out", str(out),
+         "--tokenizer-from", str(kit_models / "llama8b")],
+        capture_output=True, text=True, check=True,
+    )
+    target_path, draft_path = (Path(line) for line in written.stdout.split())
+    target = ["--model-path", str(target_path), "--load-format", "dummy", *COMMON_SERVER_ARGS]
+    return target, eagle3_args(draft_path, dummy=True)
+
+
+@pytest.fixture(scope="module", params=list(CONFIGURATIONS))
+def configuration_servers(request, kit_models, tmp_path_factory) -> Iterator[Dict[str, Server]]:
+    pair, common_extra, dynamic_extra = CONFIGURATIONS[request.param]
+    if pair == "mla_moe":
+        target, draft = mla_moe_args(kit_models, tmp_path_factory.mktemp("mla_moe_pair"))
+    else:
+        target, draft = dummy8b_args(kit_models)
+    # Later flags win: the extra --attention-backend replaces the common triton one.
+    specs = {
+        "plain": target + common_extra + ["--mem-fraction-static", "0.4"],
+        "dynamic": target + common_extra + [
+            "--mem-fraction-static", "0.6", "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
+            *FIXED_THRESHOLD_FLAGS, *dynamic_extra],
+    }
+    with running_servers({f"{request.param}_{name}": args for name, args in specs.items()}) as started:
+        yield {name: started[f"{request.param}_{name}"] for name in specs}
+
+
+def test_lossless_across_switches(configuration_servers, request):
+    label = request.node.callspec.params["configuration_servers"]
+    counters = assert_lossless_across_switches(
+        configuration_servers["dynamic"], configuration_servers["plain"],
+        make_prompts(NUM_PROMPTS, seed=11), WAVE_SIZE, label)
+    assert counters["plain_graph_steps"] == counters["plain_steps"] > 0
+    assert counters["prefill_batches"] > 0
+
+
+def test_more_than_48_requests_at_once(configuration_servers):
+    server = configuration_servers["dynamic"]
+    prompts = make_prompts(CAPACITY_REQUESTS, seed=12)
+    with ThreadPoolExecutor(max_workers=CAPACITY_REQUESTS) as pool:
+        list(pool.map(lambda p: server.generate(p["input_ids"][:64], 48), prompts))
+    assert server.dynamic_counters()["max_plain_batch"] > 48
