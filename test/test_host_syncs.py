@@ -13,9 +13,11 @@ from sglang_dynamic_eagle.host_syncs import SYNC_CHECK_ENV, HostSyncCounter, syn
 
 
 @pytest.fixture
-def debug_modes(monkeypatch) -> List[str]:
-    modes: List[str] = []
+def debug_modes(monkeypatch) -> List:
+    """The modes set, in order; the mode before the first watch is 0 (PyTorch's default)."""
+    modes: List = []
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
     return modes
 
 
@@ -35,15 +37,15 @@ def test_synchronising_call_sites_are_counted_per_kind(debug_modes) -> None:
     assert list(report.values()) == [2]
     (site,) = report
     assert site.startswith("prefill test_host_syncs.py:")
-    assert debug_modes == ["warn", "default", "warn", "default"]
+    assert debug_modes == ["warn", 0, "warn", 0]
 
 
-def test_the_debug_mode_is_reset_when_the_forward_fails(debug_modes) -> None:
+def test_the_previous_debug_mode_is_restored_when_the_forward_fails(debug_modes) -> None:
     counter = HostSyncCounter(enabled=True)
     with pytest.raises(RuntimeError):
         with counter.watch("speculative"):
             raise RuntimeError("forward failed")
-    assert debug_modes == ["warn", "default"]
+    assert debug_modes == ["warn", 0]
 
 
 def test_off_by_default_and_then_free(debug_modes, monkeypatch) -> None:

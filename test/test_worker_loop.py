@@ -89,6 +89,9 @@ class FakePrefillTimer:
 
     calls: List[str] = field(default_factory=list)
 
+    def harvest(self) -> None:
+        self.calls.append("harvest")
+
     def start(self, num_tokens: int) -> str:
         self.calls.append(f"start {num_tokens}")
         return "events"
@@ -191,7 +194,7 @@ def test_a_prefill_is_timed_in_two_parts_and_published_once(worker, scheduler_pu
     on_publish = published.append if scheduler_publishes else None
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [1, 2]), on_publish)
     assert worker.prefill_timer.calls == [
-        "start 20", "target extend", "target done", "draft extend", "stop"
+        "harvest", "start 20", "target extend", "target done", "draft extend", "stop"
     ]
     assert published == (["new seq lens"] if scheduler_publishes else [])
     assert worker.counters.speculative_steps == worker.counters.plain_steps == 0

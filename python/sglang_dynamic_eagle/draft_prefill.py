@@ -32,6 +32,7 @@ import os
 from typing import Optional, Tuple
 
 import torch
+from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.models import llama, llama_eagle3
 
@@ -39,10 +40,8 @@ from sglang_dynamic_eagle.startup_errors import StartupError
 
 logger = logging.getLogger(__name__)
 
-# sha256 (first 16 hex digits) of the source of llama_eagle3.LlamaDecoderLayer.forward and
-# llama.LlamaAttention.forward in sglang 0.5.17, whose computation LastPositionDraftLayer.forward
-# restates.
-UPSTREAM_LAYER_FINGERPRINT = "780e7dc679702ec9"
+# sha256 (first 16 hex digits) of the source of FINGERPRINTED in sglang 0.5.17.
+UPSTREAM_LAYER_FINGERPRINT = "f7693de4ef7ffa51"
 DRAFT_PREFILL_ENV = "SGLANG_DYNAMIC_EAGLE_DRAFT_PREFILL"
 LAST_POSITION = "last-position"
 FULL = "full"
@@ -60,11 +59,20 @@ def draft_prefill_choice() -> str:
     return choice
 
 
+# What the swap's correctness rests on: the layer and attention forwards it restates, the model
+# forward around the layer (final norm, which output the LAST capture takes), and the logits
+# processor's choice of the rows it reads.
+FINGERPRINTED = (
+    llama_eagle3.LlamaDecoderLayer.forward,
+    llama_eagle3.LlamaModel.forward,
+    llama.LlamaAttention.forward,
+    llama.LlamaAttention.forward_prepare_native,
+    LogitsProcessor._get_pruned_states,
+)
+
+
 def upstream_layer_fingerprint() -> str:
-    source = "".join(
-        inspect.getsource(function)
-        for function in (llama_eagle3.LlamaDecoderLayer.forward, llama.LlamaAttention.forward)
-    )
+    source = "".join(inspect.getsource(function) for function in FINGERPRINTED)
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
@@ -72,13 +80,13 @@ def last_rows(forward_batch: ForwardBatch, hidden_states: torch.Tensor) -> Optio
     """Row index of every request's last extended position, or None where the full layer
     must run (not a plain EXTEND, hidden capture other than LAST, logprobs, CUDA graph capture
     or torch.compile tracing, where shapes are fixed, or nothing to skip)."""
+    if torch.compiler.is_compiling():
+        return None
     if forward_batch.forward_mode != ForwardMode.EXTEND:
         return None
     if not forward_batch.capture_hidden_mode.is_last() or forward_batch.return_logprob:
         return None
     if forward_batch.extend_seq_lens is None or hidden_states.shape[0] <= forward_batch.batch_size:
-        return None
-    if torch.compiler.is_compiling():
         return None
     if hidden_states.is_cuda and torch.cuda.is_current_stream_capturing():
         return None

@@ -9,6 +9,12 @@ With ``SGLANG_DYNAMIC_EAGLE_SYNC_CHECK=1`` every prefill, plain step and specula
 under ``torch.cuda.set_sync_debug_mode("warn")``; the call sites that synchronised are counted
 per kind of forward and reported in ``/server_info`` (``host_syncs``). The check costs a little
 host time per forward, so it is for diagnosis and the GPU tests, not for serving.
+
+What PyTorch's sync debug mode sees: blocking copies, ``.item()``/``.tolist()`` of GPU tensors
+and stream or device synchronisations. It does not see ``torch.cuda.Event.synchronize`` (the
+catch-up waits on one, for a copy enqueued before the previous plain step's forward) nor a
+``non_blocking`` copy from pageable memory. While a forward is watched, every warning it raises
+is recorded instead of shown (the scheduler runs forwards on one thread).
 """
 
 from __future__ import annotations
@@ -42,13 +48,14 @@ class HostSyncCounter:
         if not self.enabled:
             yield
             return
+        previous_mode = torch.cuda.get_sync_debug_mode()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
                 yield
             finally:
-                torch.cuda.set_sync_debug_mode("default")
+                torch.cuda.set_sync_debug_mode(previous_mode)
         for warning in caught:
             if SYNC_WARNING_TEXT in str(warning.message):
                 site = f"{os.path.basename(warning.filename)}:{warning.lineno}"

@@ -141,11 +141,12 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         why="sglang runs the draft MLP over every prompt token in a prefill, and only the "
         "last row of each request is read (LogitsProcessor pruning, LAST hidden capture)",
         drop_when="sglang prunes draft-extend rows before the MLP (or lets a model skip "
-        "rows nobody reads); the source fingerprint check refuses the swap if the "
-        "layer's forward changes",
+        "rows nobody reads); a source fingerprint of every function listed here refuses "
+        "the swap if one of them changes",
         kind=SUBCLASS,
         code=(
             "sglang.srt.models.llama_eagle3.LlamaDecoderLayer.forward",
+            "sglang.srt.models.llama_eagle3.LlamaModel.forward",
             "sglang.srt.models.llama_eagle3.LlamaForCausalLMEagle3",
             "sglang.srt.models.llama.LlamaAttention.forward",
             "sglang.srt.models.llama.LlamaAttention.forward_prepare_native",

@@ -268,6 +268,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
     ) -> GenerationBatchResult:
         """EAGLE-3's prefill, timed in two parts: sglang's worker publishes between the
         target extend and the draft extend (in non-overlap mode too, when given a callback)."""
+        self.prefill_timer.harvest()  # keeps the pending events few without a report reading them
         events = self.prefill_timer.start(batch.extend_num_tokens or 0)
 
         def publish(new_seq_lens) -> None:
