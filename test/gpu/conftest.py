@@ -44,7 +44,8 @@ def tiny_servers() -> Iterator[LazyServers]:
     """Plain, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds, and automatic) servers of the tiny
     trained pair, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds) with a tree of topk 4, and the
     catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1). Each starts
-    when a test first uses it: all of them do not fit one 10-minute device call."""
+    when a test first uses it, so a run of some of the tests starts only the servers they use
+    (the seven together take several minutes to start)."""
     common = ["--model-path", str(TINY_PAIR / "target"), "--dtype", TINY_PAIR_DTYPE,
               *COMMON_SERVER_ARGS, "--cuda-graph-max-bs-decode", "32"]
     draft = eagle3_args(TINY_PAIR / "draft", dummy=False)

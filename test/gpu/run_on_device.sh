@@ -1,6 +1,7 @@
 #!/bin/bash
-# Runs the GPU tests in one call on the project's GPU machine (device tool):
-#   bash test/gpu/run_on_device.sh [pytest args]      (carry .gpu-kit)
+# Runs GPU tests on a machine set up with the runtime kit named by KIT_DIR (default .gpu-kit,
+# a copy of the kit that serves sglang 0.5.17 offline):
+#   bash test/gpu/run_on_device.sh [pytest args]
 # On any machine with a CUDA GPU, sglang 0.5.17, this package and test/gpu/native_ops_plugin
 # installed, `python -m pytest -m gpu test/gpu` runs both suites.
 set -o pipefail

@@ -9,7 +9,7 @@ the plain top-2 logprob margin is below 1e-3); bad requests get HTTP 400; GPU me
 grow from the first third of the run to the last; after the load drains, sglang's idle check
 finds no leaked KV or request slots; the counters add up.
 
-Run alone (one device call): ``bash test/gpu/run_on_device.sh test/gpu/test_soak.py``.
+Run it alone: ``bash test/gpu/run_on_device.sh test/gpu/test_soak.py``.
 ``SGLANG_DE_SOAK_SECONDS`` bounds the load (default 300 s); it stops early at
 ``MIN_SWITCHES`` switches.
 """
