@@ -290,8 +290,8 @@ def satisfies_constraint(output: dict, index: int) -> bool:
         value = json.loads(text)
     except ValueError:
         return False
-    return (set(value) == {"name", "size"} and isinstance(value["size"], int)
-            and len(value["name"]) <= 10)
+    return (isinstance(value, dict) and set(value) == {"name", "size"}
+            and isinstance(value["size"], int) and len(value["name"]) <= 10)
 
 
 def test_structured_output_is_lossless_across_switches(tiny_servers, eval_set):
