@@ -53,8 +53,8 @@ def draft_prefill_choice() -> str:
     if choice not in (LAST_POSITION, FULL):
         raise StartupError(
             f"{DRAFT_PREFILL_ENV}={choice!r} is invalid: set it to {LAST_POSITION} (the "
-            f"default: the draft MLP only where a proposal is read) or {FULL} (sglang's "
-            "layer over every prompt token), or unset it."
+            "default: the draft's output projection and MLP only where a proposal is read) or "
+            f"{FULL} (sglang's layer over every prompt token), or unset it."
         )
     return choice
 
