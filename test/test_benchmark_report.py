@@ -573,11 +573,29 @@ def test_prefill_table_shows_the_drafts_share_of_prefill_gpu_time():
     assert report.prefill_table(without)[0].startswith("No run reported prefill timings")
 
 
+def test_plain_ratio_table_compares_throughputs_and_ttft_with_plain():
+    dynamic = ok_run("dynamic", 64, 5000.0)
+    dynamic["metrics"]["median_ttft_ms"] = 33.0
+    document = document_with([dynamic, ok_run("plain", 64, 6250.0), ok_run("plain", 128, 7000.0)],
+                             ["plain", "dynamic"])
+    table = report.plain_ratio_table(document)
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): line for line in table[2:]}
+    assert set(rows) == {("dynamic", "output throughput"), ("dynamic", "request throughput"),
+                         ("dynamic", "median TTFT")}
+    assert "| 0.800 |" in rows[("dynamic", "output throughput")]
+    assert "| 0.800 |" in rows[("dynamic", "request throughput")]
+    assert "| 1.100 |" in rows[("dynamic", "median TTFT")]
+    assert table[0] == "| config | ratio of | 64 |"  # 128 has no dynamic run to compare
+    assert report.plain_ratio_table(document_with([ok_run("plain", 1, 200.0)], ["plain"]))[0] \
+        .startswith("No EAGLE3_DYNAMIC run")
+
+
 def test_markdown_report_has_every_section():
     document = document_with([ok_run("plain", 1, 200.0), ok_run("eagle3", 1, 370.0)], ["plain", "eagle3"])
     text = report.render_markdown(document)
     for heading in ("Output throughput", "TTFT (ms)", "TPOT (ms)", "ITL (ms)", "mode counters",
-                    "prefill GPU time", "TTFT p10 / p50 / p90", "TTFT probe", "Servers", "Problems"):
+                    "prefill GPU time", "TTFT p10 / p50 / p90", "EAGLE3_DYNAMIC / plain decoding",
+                    "TTFT probe", "Servers", "Problems"):
         assert heading in text
     assert "(1.85x)" in text and "(0.54x)" in text
 

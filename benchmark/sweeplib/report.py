@@ -31,6 +31,35 @@ def runs_in_report_order(document: dict) -> list[dict]:
     return sorted(successful_runs(document), key=lambda r: (rank[r["config"]], r["concurrency"]))
 
 
+# (metric, what the row shows) of the EAGLE3_DYNAMIC / plain table.
+PLAIN_RATIO_METRICS = (
+    ("output_throughput", "output throughput"),
+    ("request_throughput", "request throughput"),
+    ("median_ttft_ms", "median TTFT"),
+)
+
+
+def plain_ratio_table(document: dict) -> list[str]:
+    """EAGLE3_DYNAMIC over plain decoding per concurrency: throughputs (above 1 is faster) and
+    median TTFT (below 1 is sooner), what a prefill-heavy comparison needs."""
+    rows = []
+    for config in (DYNAMIC, DYNAMIC_FIXED):
+        for metric, label in PLAIN_RATIO_METRICS:
+            grid = metric_grid(document, metric)
+            ratios = {c: values[config] / values[PLAIN] for c, values in grid.items()
+                      if config in values and values.get(PLAIN)}
+            if ratios:
+                rows.append((config, label, ratios))
+    if not rows:
+        return ["No EAGLE3_DYNAMIC run with a plain run beside it."]
+    concurrencies = sorted({c for _, _, ratios in rows for c in ratios})
+    return _markdown_table(
+        ["config", "ratio of"] + [str(c) for c in concurrencies],
+        [[config, label] + [_format_number(ratios.get(c), 3) for c in concurrencies]
+         for config, label, ratios in rows],
+    )
+
+
 def metric_grid(document: dict, metric: str) -> dict[int, dict[str, float]]:
     """{concurrency: {config: value}} over successful runs that have the metric."""
     grid: dict[int, dict[str, float]] = {}
@@ -297,6 +326,9 @@ def render_markdown(document: dict) -> str:
          *throughput_table(document)],
         ["## EAGLE3_DYNAMIC / best of plain and EAGLE3 (output throughput)", "",
          *baseline_ratio_table(document)],
+        ["## EAGLE3_DYNAMIC / plain decoding", "",
+         "Throughputs above 1 are faster than plain decoding; TTFT below 1 is sooner.", "",
+         *plain_ratio_table(document)],
     ]
     for title, median_key, p99_key in LATENCY_TABLES:
         sections.append([f"## {title}", "", *latency_table(document, median_key, p99_key)])
