@@ -29,6 +29,7 @@ ZERO_SNAPSHOT: Dict[str, Union[int, float]] = {
     "mean_accept_length": 0.0,
     "max_plain_batch": 0,
     "max_speculative_batch": 0,
+    "mismatched_results": 0,
 }
 
 
@@ -130,6 +131,15 @@ def test_results_are_attributed_in_launch_order() -> None:
     assert counters.mean_accept_length == pytest.approx(14 / 5)  # 2.8
 
 
+def test_a_result_of_another_size_than_its_step_is_counted_as_mismatched() -> None:
+    counters = ModeCounters()
+    counters.record_step(SPEC, 3, ran_graph=True)
+    counters.record_step(SPEC, 2, ran_graph=True)
+    counters.record_result([1, 1])  # a slipped attribution: this is the second step's result
+    counters.record_result([1, 1])
+    assert counters.mismatched_results == 1
+
+
 def test_plain_result_with_nonzero_drafts_is_still_ignored() -> None:
     counters = ModeCounters()
     counters.record_step(PLAIN, 2, ran_graph=False)
@@ -210,6 +220,7 @@ def test_snapshot_reports_every_counter_and_rounds_accept_length() -> None:
         "mean_accept_length": 1.6667,
         "max_plain_batch": 31,
         "max_speculative_batch": 3,
+        "mismatched_results": 0,
     }
 
 

@@ -28,6 +28,7 @@ OPTIONAL_COUNTER_FIELDS: tuple[str, ...] = (
     "prefill_tokens",
     "prefill_target_gpu_ms",
     "prefill_draft_gpu_ms",
+    "mismatched_results",
 )
 MEAN_ACCEPT_FIELD = "mean_accept_length"
 RUN_ACCEPT_FIELD = "speculative_accept_length"

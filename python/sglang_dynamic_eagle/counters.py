@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, Optional, Sequence, Union
+from typing import Deque, Dict, Optional, Sequence, Tuple, Union
 
 from sglang_dynamic_eagle.policy import DecodeMode
 
@@ -28,7 +28,10 @@ class ModeCounters:
     speculative_accepted_tokens: int = 0
     max_plain_batch: int = 0
     max_speculative_batch: int = 0
-    _pending_modes: Deque[DecodeMode] = field(default_factory=deque, repr=False)
+    # Results whose request count differs from their step's batch size: a sign that the
+    # launch-order attribution below has slipped (expected to stay 0).
+    mismatched_results: int = 0
+    _pending_modes: Deque[Tuple[DecodeMode, int]] = field(default_factory=deque, repr=False)
 
     def record_step(self, mode: DecodeMode, batch_size: int, *, ran_graph: bool) -> None:
         """Count one decode step at launch time."""
@@ -39,7 +42,7 @@ class ModeCounters:
         else:
             self.speculative_steps += 1
             self.max_speculative_batch = max(self.max_speculative_batch, batch_size)
-        self._pending_modes.append(mode)
+        self._pending_modes.append((mode, batch_size))
 
     def record_switch(self, new_mode: DecodeMode) -> None:
         if new_mode == DecodeMode.PLAIN:
@@ -61,7 +64,9 @@ class ModeCounters:
         """
         if not self._pending_modes:
             return None
-        mode = self._pending_modes.popleft()
+        mode, batch_size = self._pending_modes.popleft()
+        if num_correct_drafts_per_req and len(num_correct_drafts_per_req) != batch_size:
+            self.mismatched_results += 1
         if mode == DecodeMode.SPECULATIVE:
             self.speculative_verified_requests += len(num_correct_drafts_per_req)
             self.speculative_accepted_tokens += sum(num_correct_drafts_per_req) + len(
@@ -91,6 +96,7 @@ class ModeCounters:
             "mean_accept_length": round(self.mean_accept_length, 4),
             "max_plain_batch": self.max_plain_batch,
             "max_speculative_batch": self.max_speculative_batch,
+            "mismatched_results": self.mismatched_results,
         }
 
     def log_line(self) -> str:

@@ -58,6 +58,9 @@ def test_lossless_across_switches(servers):
     counters = assert_lossless_across_switches(
         servers["dynamic"], servers["plain"], prompts, WAVE_SIZE, "lossless")
     assert counters["plain_steps"] > 0 and counters["speculative_steps"] > 0
+    # Verify results are attributed to steps in launch order; a result of another size than its
+    # step would mean the acceptance estimate reads the wrong steps.
+    assert counters["mismatched_results"] == 0
 
 
 def test_plain_mode_replays_plain_graphs(servers):
