@@ -10,7 +10,7 @@
 # the checks run again in bfloat16 (differences then pass only as ties, margin < 1e-3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT to the folder that comes back}"
+: "${OUT:?set OUT to an output folder}"
 begin=$SECONDS
 python3 -m pip install -q --no-deps --no-index --no-build-isolation -e test/gpu/native_ops_plugin || exit 1
 work=$(mktemp -d)
