@@ -20,7 +20,7 @@ import copy
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 import torch
 from sglang.srt.layers.moe.utils import (
@@ -81,7 +81,7 @@ class PlainStepLengths:
         self._on_gpu = torch.device(device).type == "cuda"
         self._host = torch.zeros(capacity, dtype=torch.int64, pin_memory=self._on_gpu)
         self._ready = torch.cuda.Event() if self._on_gpu else None
-        self._row_of: Dict[int, int] = {}
+        self._req_pool_indices: Sequence[int] = ()
 
     def publish(self, req_pool_indices_cpu: Sequence[int], seq_lens: torch.Tensor) -> None:
         self._host[: len(req_pool_indices_cpu)].copy_(
@@ -89,12 +89,13 @@ class PlainStepLengths:
         )
         if self._ready is not None:
             self._ready.record()
-        self._row_of = {index: row for row, index in enumerate(req_pool_indices_cpu)}
+        self._req_pool_indices = req_pool_indices_cpu  # mapped to rows only when read
 
     def lengths(self, req_pool_indices: Sequence[int]) -> Optional[List[int]]:
         """These request slots' lengths as the latest plain step left them, or None if one of
         them was not in that step."""
-        rows = [self._row_of.get(index) for index in req_pool_indices]
+        row_of = {index: row for row, index in enumerate(self._req_pool_indices)}
+        rows = [row_of.get(index) for index in req_pool_indices]
         if any(row is None for row in rows):
             return None
         if self._ready is not None:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import os
 import warnings
 from collections import Counter
-from contextlib import contextmanager
-from typing import Dict, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import ContextManager, Dict, Iterator
 
 import torch
 
@@ -43,11 +43,12 @@ class HostSyncCounter:
         self.enabled = enabled
         self._sites: Counter = Counter()
 
+    def watch(self, kind: str) -> ContextManager[None]:
+        """A no-op context when the check is off (the default: every forward enters it)."""
+        return self._watched(kind) if self.enabled else nullcontext()
+
     @contextmanager
-    def watch(self, kind: str) -> Iterator[None]:
-        if not self.enabled:
-            yield
-            return
+    def _watched(self, kind: str) -> Iterator[None]:
         previous_mode = torch.cuda.get_sync_debug_mode()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
