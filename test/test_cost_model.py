@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_dynamic_eagle.cost_model import (
+    CrossoverLogGate,
     DEFAULT_MIN_SAMPLES,
     CostTable,
     MeasuredCosts,
@@ -474,3 +475,27 @@ def test_crossover_empty_speculative_buckets() -> None:
 def test_measured_buckets_lists_the_timed_entries() -> None:
     costs = ModeCosts((1, 2, 4), (1.0, 2.0, 3.0), (True, False, True))
     assert costs.measured_buckets() == [1, 4]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_crossover_log_gate_logs_the_first_value_and_then_moves_at_most_once_per_interval() -> None:
+    clock = FakeClock()
+    gate = CrossoverLogGate(interval_s=60.0, clock=clock)
+    assert gate.should_log(12)
+    assert not gate.should_log(12)
+    clock.now = 1.0
+    assert not gate.should_log(14)  # a wobble within the interval stays out of the log
+    clock.now = 61.0
+    assert not gate.should_log(12)  # back at the logged value: nothing moved
+    assert gate.should_log(10)
+    clock.now = 100.0
+    assert not gate.should_log(12)
+    clock.now = 121.0
+    assert gate.should_log(12)

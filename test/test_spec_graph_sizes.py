@@ -38,7 +38,9 @@ def _set_flags(monkeypatch: pytest.MonkeyPatch, **values: int) -> None:
 @pytest.mark.parametrize(
     "threshold, graph_max_bs, expected",
     [
-        (24, 256, 48),  # default threshold: stock EAGLE's 48
+        (None, 256, 256),  # automatic policy: every size, the costs decide
+        (None, 8, 8),
+        (24, 256, 48),  # a fixed threshold of 24: stock EAGLE's 48
         (20, 256, 40),
         (1, 256, 2),
         (100, 64, 64),  # capped at the largest graph
@@ -49,7 +51,7 @@ def _set_flags(monkeypatch: pytest.MonkeyPatch, **values: int) -> None:
         (5, 1, 1),
     ],
 )
-def test_speculative_graph_max_bs(threshold: int, graph_max_bs: int, expected: int) -> None:
+def test_speculative_graph_max_bs(threshold: Optional[int], graph_max_bs: int, expected: int) -> None:
     assert speculative_graph_max_bs(threshold, graph_max_bs) == expected
 
 
@@ -79,7 +81,16 @@ def test_current_flags_rejects_non_json(monkeypatch: pytest.MonkeyPatch) -> None
 # ---------------------------------------------------------------- _limit_speculative_graphs
 
 
-def test_default_threshold_keeps_sizes_up_to_48() -> None:
+def test_automatic_policy_keeps_every_size() -> None:
+    server_args = _server_args(FULL_BS, max_bs=256)
+    _limit_speculative_graphs(server_args)
+    decode = server_args.cuda_graph_config.decode
+    assert decode.bs == FULL_BS
+    assert decode.max_bs == 256
+
+
+def test_threshold_24_keeps_sizes_up_to_48(monkeypatch: pytest.MonkeyPatch) -> None:
+    _set_flags(monkeypatch, disable_batch_threshold=24)
     server_args = _server_args(FULL_BS, max_bs=256)
     _limit_speculative_graphs(server_args)
     decode = server_args.cuda_graph_config.decode
@@ -87,7 +98,8 @@ def test_default_threshold_keeps_sizes_up_to_48() -> None:
     assert decode.max_bs == 256
 
 
-def test_max_bs_none_is_filled_with_the_full_size() -> None:
+def test_max_bs_none_is_filled_with_the_full_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    _set_flags(monkeypatch, disable_batch_threshold=24)
     server_args = _server_args(FULL_BS, max_bs=None)
     _limit_speculative_graphs(server_args)
     decode = server_args.cuda_graph_config.decode
@@ -142,8 +154,9 @@ def test_no_decode_sizes_is_left_alone(bs: Optional[List[int]]) -> None:
     assert decode.max_bs is None
 
 
-def test_second_call_changes_nothing() -> None:
+def test_second_call_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """handle_server_args may run again on already-limited arguments."""
+    _set_flags(monkeypatch, disable_batch_threshold=24)
     server_args = _server_args(FULL_BS, max_bs=256)
     _limit_speculative_graphs(server_args)
     _limit_speculative_graphs(server_args)

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import bisect
 import statistics
+import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from sglang_dynamic_eagle.policy import DecodeMode
 
 MODES = (DecodeMode.PLAIN, DecodeMode.SPECULATIVE)
 DEFAULT_MIN_SAMPLES = 4
 DEFAULT_WINDOW = 9
+DEFAULT_CROSSOVER_LOG_INTERVAL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,31 @@ def crossover_batch(costs: CostTable, acceptance: float) -> int:
         if plain is not None and spec is not None and speculative_gain(acceptance, plain, spec) >= 1:
             best = bucket
     return best
+
+
+class CrossoverLogGate:
+    """When a move of the crossover is worth a log line: its first value, then a changed value
+    at most once per ``interval_s``. Near the crossover the acceptance estimate moves it back
+    and forth every few table refreshes; the gauges always show the current value."""
+
+    def __init__(
+        self,
+        interval_s: float = DEFAULT_CROSSOVER_LOG_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._logged: Optional[int] = None
+        self._logged_at: Optional[float] = None
+
+    def should_log(self, crossover: int) -> bool:
+        if crossover == self._logged:
+            return False
+        now = self._clock()
+        if self._logged_at is not None and now - self._logged_at < self.interval_s:
+            return False
+        self._logged, self._logged_at = crossover, now
+        return True
 
 
 class RecentMedian:

@@ -37,22 +37,16 @@ _EAGLE3 = SpeculativeAlgorithm.EAGLE3
 DEFAULT_DRAFT_SHAPE = (3, 1, 4)
 
 
-# The automatic policy may speculate up to stock EAGLE's 48-request cap, so its speculative
-# graphs take the memory and capture time an EAGLE3 server's take.
-AUTO_SPECULATIVE_GRAPH_MAX_BS = 48
-
-
 def speculative_graph_max_bs(disable_batch_threshold: Optional[int], graph_max_bs: int) -> int:
     """Largest batch the speculative graphs are captured for.
 
-    ``None`` (automatic policy): EAGLE's 48. With a fixed threshold, twice the disable
-    threshold leaves room for the ``--speculative-switch-patience`` steps that may still run
-    speculatively above it (at 24 that is EAGLE's 48 too). Threshold 0 (always speculate)
-    keeps every graph size.
+    ``None`` (automatic policy) and threshold 0 (always speculate): every graph size, so the
+    policy can speculate at any batch where the measured costs say it pays (at high
+    acceptance that can be well above stock EAGLE's 48). With a fixed threshold, twice the
+    disable threshold leaves room for the ``--speculative-switch-patience`` steps that may
+    still run speculatively above it (at 24 that is EAGLE's 48).
     """
-    if disable_batch_threshold is None:
-        return max(1, min(graph_max_bs, AUTO_SPECULATIVE_GRAPH_MAX_BS))
-    if disable_batch_threshold == 0:
+    if disable_batch_threshold is None or disable_batch_threshold == 0:
         return graph_max_bs
     return max(1, min(graph_max_bs, 2 * disable_batch_threshold))
 

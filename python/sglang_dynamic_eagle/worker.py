@@ -31,6 +31,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang_dynamic_eagle import upstream_internals
 from sglang_dynamic_eagle.auto_policy import AcceptanceEstimate, CostPolicy, CostPolicyConfig
 from sglang_dynamic_eagle.cost_model import (
+    CrossoverLogGate,
     MeasuredCosts,
     calibration_table,
     calibration_vector,
@@ -77,7 +78,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._plain_step: Optional[PlainDecodeStep] = None
         self._catchup: Optional[DraftCatchup] = None
         self._costs: Optional[DecodeCostTracker] = None
-        self._crossover: Optional[int] = None
+        self._crossover_log = CrossoverLogGate()
         self._last_step_plain = False
 
     # -- start-up -------------------------------------------------------
@@ -309,8 +310,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
 
     def _log_crossover_change(self) -> None:
         crossover = self.crossover_batch()
-        if crossover != self._crossover:
-            self._crossover = crossover
+        if self._crossover_log.should_log(crossover):
             logger.info(
                 "EAGLE3_DYNAMIC: speculation pays up to batch %d (acceptance %s, step costs "
                 "in ms: plain %s, speculative %s).",
