@@ -23,6 +23,7 @@ from sglang_dynamic_eagle.draft_catchup import (
     MAX_WINDOW,
     CatchupPlan,
     DraftCatchup,
+    batch_req_pool_indices,
     choose_window,
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -457,3 +458,18 @@ def test_run_refreshes_the_caught_up_rows_and_forgets_them() -> None:
     assert batch.spec_info is draft_input
     assert batch.forward_mode == ForwardMode.DECODE
     assert catchup.plan([5, 3, 1]) == CatchupPlan(rows=[], lengths=[], truncated_tokens=0)
+
+
+def test_slots_come_from_the_batch_as_formed_not_from_finished_requests() -> None:
+    """Without overlap scheduling (grammar batches) a request that finished in the previous
+    step is still in the batch, its req_pool_idx already None: the plain step and the
+    catch-up read the slots the batch was formed with."""
+    catchup = _catchup()
+    batch = _batch()
+    batch.reqs = [SimpleNamespace(req_pool_idx=5), SimpleNamespace(req_pool_idx=None),
+                  SimpleNamespace(req_pool_idx=1)]
+    slots = batch_req_pool_indices(batch)
+    assert slots == [5, 3, 1]
+    catchup.record_plain_step(batch.req_pool_indices, slots, batch.seq_lens,
+                              batch.input_ids, torch.zeros(3, HIDDEN))
+    assert catchup.plan(batch_req_pool_indices(batch)).rows == [0, 1, 2]

@@ -9,12 +9,13 @@ from types import SimpleNamespace
 from typing import List, Optional, Sequence, Tuple
 
 import pytest
+import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_dynamic_eagle.auto_policy import AcceptanceEstimate
 from sglang_dynamic_eagle.counters import ModeCounters
-from sglang_dynamic_eagle.draft_catchup import CatchupPlan
+from sglang_dynamic_eagle.draft_catchup import CatchupPlan, batch_req_pool_indices
 from sglang_dynamic_eagle.host_syncs import HostSyncCounter
 from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy, ThresholdPolicyConfig
 from sglang_dynamic_eagle.spec_algo import DynamicEagleSpecAlgo
@@ -45,7 +46,7 @@ class FakeCatchup:
             self.missed.pop(index, None)
 
     def catch_up(self, draft_worker, batch, plan_stream) -> Optional[CatchupPlan]:
-        indices = [req.req_pool_idx for req in batch.reqs]
+        indices = batch_req_pool_indices(batch)
         rows = [row for row, index in enumerate(indices) if self.missed.get(index)]
         if not rows:
             return None
@@ -61,7 +62,7 @@ class FakePlainStep:
 
     def run(self, batch, on_publish):
         self.runs.append(batch.batch_size())
-        self.catchup.record([req.req_pool_idx for req in batch.reqs])
+        self.catchup.record(batch_req_pool_indices(batch))
         return SimpleNamespace(can_run_cuda_graph=True)
 
 
@@ -147,6 +148,7 @@ def make_batch(mode: ForwardMode, slots: Sequence[int]) -> SimpleNamespace:
         forward_mode=mode,
         is_extend_in_batch=mode.is_extend(),
         reqs=reqs,
+        req_pool_indices_cpu=torch.tensor(list(slots), dtype=torch.int64),
         extend_num_tokens=10 * len(reqs) if mode.is_extend() else None,
         batch_size=lambda: len(reqs),
         spec_info=object(),

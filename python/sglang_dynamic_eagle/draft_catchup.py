@@ -103,6 +103,14 @@ class PlainStepLengths:
         return [int(self._host[row]) for row in rows]
 
 
+def batch_req_pool_indices(batch: ScheduleBatch) -> List[int]:
+    """The batch's request slots as it was formed. Not ``req.req_pool_idx``: when the overlap
+    scheduler turns overlap off for a batch (grammar batches, for one), it processes the
+    previous step's results after forming this batch, so a request that finished there is
+    still in it with its slot already released (``req_pool_idx`` None)."""
+    return batch.req_pool_indices_cpu.tolist()
+
+
 @dataclass(frozen=True)
 class CatchupPlan:
     """Which rows of a decode batch need catch-up, and how many positions each."""
@@ -187,7 +195,7 @@ class DraftCatchup:
         missing."""
         if batch.spec_info is None:
             return None
-        plan = self.plan([req.req_pool_idx for req in batch.reqs])
+        plan = self.plan(batch_req_pool_indices(batch))
         if not plan.rows:
             return None
         start = self.gpu_time.start()

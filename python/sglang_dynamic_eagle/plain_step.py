@@ -9,7 +9,7 @@ mask, no verify kernel.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING
 
 import torch
 from sglang.srt.layers.logprob_processor import compute_spec_v2_logprobs
@@ -23,13 +23,11 @@ from sglang.srt.model_executor.forward_batch_info import (
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_utils import get_draft_recurrent_hidden_state_spec
 
+from sglang_dynamic_eagle.draft_catchup import batch_req_pool_indices
+
 if TYPE_CHECKING:
     from sglang_dynamic_eagle.draft_catchup import DraftCatchup
     from sglang_dynamic_eagle.plain_decode_graphs import PlainDecodeGraphs
-
-
-def req_pool_indices(batch: ScheduleBatch) -> List[int]:
-    return [req.req_pool_idx for req in batch.reqs]
 
 
 def turn_into_decode_batch(batch: ScheduleBatch, req_to_token: torch.Tensor) -> None:
@@ -90,7 +88,7 @@ class PlainDecodeStep:
         target_runner = self._target_worker.model_runner
         batch_size = len(batch.seq_lens)
         positions = batch.seq_lens
-        req_pool_indices_cpu = req_pool_indices(batch)
+        req_pool_indices_cpu = batch_req_pool_indices(batch)
         turn_into_decode_batch(batch, target_runner.req_to_token_pool.req_to_token)
         self._catchup.plain_step_lengths.publish(req_pool_indices_cpu, batch.seq_lens)
         # Plain steps know their new lengths before the forward; publishing now

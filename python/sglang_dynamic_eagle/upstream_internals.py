@@ -239,6 +239,21 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         ),
     ),
     UpstreamReliance(
+        target="ScheduleBatch.req_pool_indices_cpu (behaviour)",
+        how="the plain step, the catch-up and the prefill bookkeeping read a batch's request "
+        "slots from it (draft_catchup.batch_req_pool_indices)",
+        why="it is the host copy of the slots the batch was formed with, kept through "
+        "filter_batch and merge_batch; req.req_pool_idx is already None for a request that "
+        "finished in the previous step when that step's results were processed after this "
+        "batch was formed (non-overlap scheduling, grammar batches)",
+        drop_when="n/a (a ScheduleBatch field in 0.5.17)",
+        kind=BEHAVIOUR,
+        code=(
+            "sglang.srt.managers.schedule_batch.ScheduleBatch.filter_batch",
+            "sglang.srt.managers.schedule_batch.ScheduleBatch.merge_batch",
+        ),
+    ),
+    UpstreamReliance(
         target="eagle_prepare_for_decode KV reserve (behaviour)",
         how="the plain step writes the KV slot at the committed length",
         why="spec v2 reserves at least two verify windows per request before the worker "

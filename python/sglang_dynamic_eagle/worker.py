@@ -38,12 +38,17 @@ from sglang_dynamic_eagle.cost_model import (
     crossover_batch,
 )
 from sglang_dynamic_eagle.counters import ModeCounters
-from sglang_dynamic_eagle.draft_catchup import DraftCatchup, catchup_budget_bytes, choose_window
+from sglang_dynamic_eagle.draft_catchup import (
+    DraftCatchup,
+    batch_req_pool_indices,
+    catchup_budget_bytes,
+    choose_window,
+)
 from sglang_dynamic_eagle.draft_prefill import use_last_position_mlp
 from sglang_dynamic_eagle.flags import current_flags
 from sglang_dynamic_eagle.host_syncs import HostSyncCounter, sync_check_enabled
 from sglang_dynamic_eagle.plain_decode_graphs import PlainDecodeGraphs, plain_decode_batch_sizes
-from sglang_dynamic_eagle.plain_step import PlainDecodeStep, req_pool_indices
+from sglang_dynamic_eagle.plain_step import PlainDecodeStep
 from sglang_dynamic_eagle.policy import (
     DecodeMode,
     DecodePolicy,
@@ -245,7 +250,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             self._last_step_plain = False
             self._costs.interrupt()
         if is_extend:
-            self._catchup.forget(req_pool_indices(batch))
+            self._catchup.forget(batch_req_pool_indices(batch))
             with self.host_syncs.watch("prefill"):
                 return self._prefill(batch, on_publish, grammar_barrier)
         if batch.forward_mode.is_idle():
