@@ -861,3 +861,51 @@ def test_config_validation(field: str, value: object, name: str) -> None:
 )
 def test_config_accepts_edge_values(overrides: dict[str, object]) -> None:
     CostPolicyConfig(**{**VALID, **overrides})  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- the prior never decides a leave
+
+
+def spec_unmeasured_table(gain: float) -> CostTable:
+    """Plain costs measured; speculative cost at bucket 16 only estimated (the start-up prior),
+    with gain ``gain`` there at acceptance 1."""
+    plain = {b: 10.0 for b in BUCKETS}
+    spec = {b: 10.0 / gain for b in BUCKETS}
+    return CostTable(mode_costs(plain), mode_costs(spec, unmeasured=[16]))
+
+
+def test_speculation_is_not_left_on_an_unmeasured_speculative_cost() -> None:
+    """The prior says leave (gain 0.2, far outside the probe band): the policy first runs
+    probe_steps speculative steps at that bucket, so the cost gets measured, then leaves
+    with the patience."""
+    table = spec_unmeasured_table(gain=0.2)
+    policy = make(SPEC, probe_steps=P, refresh_interval=10_000)
+    steps = feed_probing(policy, [16] * (P + K + 10), table, 1.0)
+    assert [mode for mode, _ in steps] == [SPEC] * (P + K - 1) + [PLAIN] * 11
+    assert [probing for _, probing in steps][:P] == [True] * P
+    assert policy.report()["probes"] == 1
+
+
+def test_measured_speculative_cost_decides_a_leave_at_once() -> None:
+    table = flat_table(plain_ms=10.0, spec_ms=50.0)
+    policy = make(SPEC, probe_steps=P, refresh_interval=10_000)
+    assert feed(policy, [16] * (K + 5), table, 1.0) == [SPEC] * (K - 1) + [PLAIN] * 6
+    assert policy.report()["probes"] == 0
+
+
+def test_unmeasured_speculative_bucket_is_probed_once_per_refresh_interval() -> None:
+    """If the probe could not measure it (prefills between its steps), the prior decides
+    the next time, until the refresh interval has passed."""
+    table = spec_unmeasured_table(gain=0.2)
+    policy = make(SPEC, probe_steps=P, refresh_interval=10_000)
+    feed(policy, [16] * (P + K), table, 1.0)
+    policy_back = feed(policy, [16], table, 4.0)  # acceptance 4 * 0.2 = 0.8: still a leave
+    assert policy_back == [PLAIN]
+    assert policy.report()["probes"] == 1
+
+
+def test_no_probe_when_the_unmeasured_speculative_cost_says_stay() -> None:
+    table = spec_unmeasured_table(gain=2.0)
+    policy = make(SPEC, probe_steps=P, refresh_interval=10_000)
+    assert feed(policy, [16] * 50, table, 1.0) == [SPEC] * 50
+    assert policy.report()["probes"] == 0

@@ -16,7 +16,9 @@ indexed by CUDA-graph bucket (the padded batch size a step really runs). The pol
 * forces plain decoding at once above the largest speculative CUDA graph;
 * probes: a few steps in the other mode (``probe_steps``) when that mode's cost at this bucket
   was never measured and the estimated gain is within ``cost_probe_band`` of 1 (so a wrong
-  start-up estimate cannot decide a close call), and, while plain, when no verify ran for
+  start-up estimate cannot decide a close call); as many more speculative steps before
+  speculation is left at a bucket whose speculative cost was never measured (so a start-up
+  estimate that overrates speculative steps cannot keep speculation off for good); and, while plain, when no verify ran for
   ``refresh_interval`` steps and speculation could pay at this batch size with a perfect
   acceptance (so a workload whose acceptance rose is noticed). A probe bypasses the patience
   and then returns to the mode it interrupted, where the rules above (and their patience)
@@ -198,18 +200,26 @@ class CostPolicy:
         gain = speculative_gain(estimate, plain.step_ms, spec.step_ms)
         self._last_gain = gain
         if self._mode is DecodeMode.SPECULATIVE:
-            return self._from_speculative(gain, plain)
+            return self._from_speculative(gain, plain, spec)
         entry_ms = spec.step_ms + costs.catchup_ms / self._config.catchup_horizon_steps
         entry_gain = speculative_gain(estimate, plain.step_ms, entry_ms)
         best_gain = speculative_gain(self._config.max_acceptance, plain.step_ms, entry_ms)
         return self._from_plain(gain, entry_gain, best_gain, spec)
 
-    def _from_speculative(self, gain: float, plain: CostLookup) -> DecodeMode:
+    def _from_speculative(self, gain: float, plain: CostLookup, spec: CostLookup) -> DecodeMode:
         if not plain.measured and self._in_probe_band(gain):
             probed = self._probe_cost(DecodeMode.PLAIN, plain.bucket)
             if probed is not None:
                 return probed
-        if self._streak.advance(gain < 1 - self._config.margin):
+        leave = gain < 1 - self._config.margin
+        if leave and not spec.measured:
+            # Never leave on the start-up prior alone: a prior that overrates speculative
+            # steps would otherwise keep speculation off for good. The bucket's measured
+            # cost also rescales every speculative bucket still unmeasured.
+            probed = self._probe_cost(DecodeMode.SPECULATIVE, spec.bucket)
+            if probed is not None:
+                return probed
+        if self._streak.advance(leave):
             return DecodeMode.PLAIN
         return DecodeMode.SPECULATIVE
 
