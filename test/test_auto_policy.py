@@ -909,3 +909,39 @@ def test_no_probe_when_the_unmeasured_speculative_cost_says_stay() -> None:
     policy = make(SPEC, probe_steps=P, refresh_interval=10_000)
     assert feed(policy, [16] * 50, table, 1.0) == [SPEC] * 50
     assert policy.report()["probes"] == 0
+
+
+# --------------------------------------------------------------------------- close calls refresh sooner
+
+
+def test_close_call_refreshes_acceptance_after_the_shorter_interval() -> None:
+    """Gain 1.0 at the old acceptance (inside the close-call band, below the entry margin):
+    a refresh probe after the close-call interval, not the long one."""
+    table = flat_table(10.0, 15.0)  # acceptance 1.5: gain 1.0
+    short = 20
+    policy = make(PLAIN, probe_steps=P, refresh_interval=10 * R, close_call_refresh_interval=short)
+    steps = feed_probing(policy, [16] * (short + P + 5), table, 1.5)
+    modes = [mode for mode, _ in steps]
+    assert modes[: short - 1] == [PLAIN] * (short - 1)
+    assert modes[short - 1 : short - 1 + P] == [SPEC] * P
+    assert policy.report()["probes"] == 1
+
+
+def test_clear_call_waits_for_the_long_refresh_interval() -> None:
+    """Gain 0.75 at the old acceptance (outside the close-call band): no probe before the
+    long interval, however short the close-call one."""
+    table = flat_table(10.0, 20.0)
+    policy = make(PLAIN, probe_steps=P, refresh_interval=R, close_call_refresh_interval=5)
+    modes = feed(policy, [16] * R, table, 1.5)
+    assert modes[: R - 1] == [PLAIN] * (R - 1) and modes[R - 1] is SPEC
+
+
+@pytest.mark.parametrize("band", [-0.1, float("nan")])
+def test_close_call_band_validation(band: float) -> None:
+    with pytest.raises(ValueError, match="close_call_band"):
+        config(close_call_band=band)
+
+
+def test_close_call_interval_validation() -> None:
+    with pytest.raises(ValueError, match="close_call_refresh_interval"):
+        config(close_call_refresh_interval=0)

@@ -18,9 +18,11 @@ indexed by CUDA-graph bucket (the padded batch size a step really runs). The pol
   was never measured and the estimated gain is within ``cost_probe_band`` of 1 (so a wrong
   start-up estimate cannot decide a close call); as many more speculative steps before
   speculation is left at a bucket whose speculative cost was never measured (so a start-up
-  estimate that overrates speculative steps cannot keep speculation off for good); and, while plain, when no verify ran for
-  ``refresh_interval`` steps and speculation could pay at this batch size with a perfect
-  acceptance (so a workload whose acceptance rose is noticed). A probe bypasses the patience
+  estimate that overrates speculative steps cannot keep speculation off for good); and,
+  while plain, when no verify ran for ``refresh_interval`` steps (``close_call_refresh_interval`` when the gain estimated from
+  the old acceptance is within ``close_call_band`` of 1) and speculation could pay at this
+  batch size with a perfect acceptance (so a workload whose acceptance rose is noticed, and a
+  close call is not left to a few unlucky verifies). A probe bypasses the patience
   and then returns to the mode it interrupted, where the rules above (and their patience)
   decide again with what it measured; each (mode, bucket) cost probe happens at most once per
   ``refresh_interval`` steps, and a refresh probe resets the staleness clock.
@@ -48,7 +50,9 @@ DEFAULT_MARGIN = 0.03
 DEFAULT_CATCHUP_HORIZON_STEPS = 64
 DEFAULT_PROBE_STEPS = 12
 DEFAULT_REFRESH_INTERVAL = 4096
+DEFAULT_CLOSE_CALL_REFRESH_INTERVAL = 256
 DEFAULT_COST_PROBE_BAND = 0.3
+DEFAULT_CLOSE_CALL_BAND = 0.1
 
 
 class AcceptanceEstimate:
@@ -95,7 +99,9 @@ class CostPolicyConfig:
     catchup_horizon_steps: int = DEFAULT_CATCHUP_HORIZON_STEPS
     probe_steps: int = DEFAULT_PROBE_STEPS
     refresh_interval: int = DEFAULT_REFRESH_INTERVAL
+    close_call_refresh_interval: int = DEFAULT_CLOSE_CALL_REFRESH_INTERVAL
     cost_probe_band: float = DEFAULT_COST_PROBE_BAND
+    close_call_band: float = DEFAULT_CLOSE_CALL_BAND
 
     def __post_init__(self) -> None:
         check_int_at_least(PATIENCE_FLAG, self.switch_patience, 1)
@@ -103,7 +109,8 @@ class CostPolicyConfig:
         check_int_at_least("catchup_horizon_steps", self.catchup_horizon_steps, 1)
         check_int_at_least("probe_steps", self.probe_steps, 0)
         check_int_at_least("refresh_interval", self.refresh_interval, 1)
-        for name in ("max_acceptance", "margin", "cost_probe_band"):
+        check_int_at_least("close_call_refresh_interval", self.close_call_refresh_interval, 1)
+        for name in ("max_acceptance", "margin", "cost_probe_band", "close_call_band"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{name} must be a number, got {value!r}")
@@ -232,10 +239,19 @@ class CostPolicy:
             probed = self._probe_cost(DecodeMode.SPECULATIVE, spec.bucket)
             if probed is not None:
                 return probed
-        stale = self._step - self._last_speculative_step >= self._config.refresh_interval
-        if best_gain > 1 + self._config.margin and stale:
+        if best_gain > 1 + self._config.margin and self._acceptance_is_stale(entry_gain):
             return self._start_probe(DecodeMode.SPECULATIVE) or DecodeMode.PLAIN
         return DecodeMode.PLAIN
+
+    def _acceptance_is_stale(self, entry_gain: float) -> bool:
+        """No verify for the refresh interval; a shorter one when the gain estimated from
+        that old acceptance is a close call, where a few unlucky verifies (acceptance is an
+        integer per request and step) would otherwise keep a paying speculation off."""
+        interval = self._config.refresh_interval
+        band = self._config.close_call_band
+        if 1 / (1 + band) < entry_gain < 1 + band:
+            interval = min(interval, self._config.close_call_refresh_interval)
+        return self._step - self._last_speculative_step >= interval
 
     def _in_probe_band(self, gain: float) -> bool:
         band = self._config.cost_probe_band
