@@ -32,7 +32,6 @@ RESULTS_FILE = "results.json"
 ADAPTIVE_CONFIG_FILE = "adaptive_config.json"
 SERVER_LOGS_FILE = "server_logs_tail.txt"
 ERROR_TAIL_LINES = 30
-DEFAULT_WARMUP_OUTPUT_LEN = 16
 
 FULL_DEFAULTS = {
     "concurrencies": "1,4,16,32,64,128",
@@ -77,7 +76,7 @@ class SweepPlan:
     bench_timeout_s: float
     min_config_window_s: float
     log_tail_lines: int
-    warmup_output_len: int = DEFAULT_WARMUP_OUTPUT_LEN
+    warmup_output_len: int
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -318,7 +317,7 @@ def build_plan(args: argparse.Namespace, out_dir: Path) -> SweepPlan:
         bench_timeout_s=args.bench_timeout_s,
         min_config_window_s=args.min_config_window_s,
         log_tail_lines=args.log_tail_lines,
-        warmup_output_len=args.warmup_output_len,
+        warmup_output_len=args.warmup_output_len or resolved["output_len"],
     )
 
 
@@ -399,9 +398,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                                                   f"(default {FULL_DEFAULTS['waves']}, --quick {QUICK_DEFAULTS['waves']})")
     parser.add_argument("--min-prompts", type=int, help=f"(default {FULL_DEFAULTS['min_prompts']}, "
                                                         f"--quick {QUICK_DEFAULTS['min_prompts']})")
-    parser.add_argument("--warmup-output-len", type=int, default=DEFAULT_WARMUP_OUTPUT_LEN,
-                        help="output tokens of the unrecorded warm-up wave (default %(default)s); on a machine "
-                             "whose Triton cache is empty, the output length of the runs (see README)")
+    parser.add_argument("--warmup-output-len", type=int,
+                        help="output tokens of the unrecorded warm-up wave at every concurrency (default: "
+                             "--output-len; shorter saves time where the kernels are compiled already, see README)")
     parser.add_argument("--probe-requests", type=int,
                         help="sequential TTFT probe requests per server, 0 = no probe "
                              f"(default {FULL_DEFAULTS['probe_requests']}, --quick {QUICK_DEFAULTS['probe_requests']})")

@@ -219,18 +219,17 @@ def test_warm_up_and_measured_runs_share_one_driver_process(tmp_path):
     (warm_runs, warm_flags), (runs, flags) = bench_driver.parse_groups(command[2:])
     assert warm_runs == [(1, 1), (64, 64)] and runs == [(1, 4), (64, 128)]
     warm_flags, flags = flag_values(warm_flags), flag_values(flags)
-    assert warm_flags["--random-output-len"] == (str(sweep.DEFAULT_WARMUP_OUTPUT_LEN),)
-    assert flags["--random-output-len"] == ("256",)
+    assert warm_flags["--random-output-len"] == flags["--random-output-len"] == ("256",)
     assert warm_flags["--output-file"] != flags["--output-file"]
-    assert {k: v for k, v in warm_flags.items() if k not in ("--random-output-len", "--output-file")} == \
-        {k: v for k, v in flags.items() if k not in ("--random-output-len", "--output-file")}
+    assert {k: v for k, v in warm_flags.items() if k != "--output-file"} == \
+        {k: v for k, v in flags.items() if k != "--output-file"}
 
 
 def test_warm_up_output_length_is_a_flag(tmp_path):
     args = sweep.build_parser().parse_args(["run", "--model-path", "m", "--out", str(tmp_path),
-                                            "--warmup-output-len", "256"])
+                                            "--warmup-output-len", "16"])
     warm_up = sweep.warm_up_group(sweep.build_plan(args, tmp_path), tmp_path, "plain")
-    assert warm_up.settings.output_len == 256
+    assert warm_up.settings.output_len == 16
 
 
 @given(concurrency=st.integers(1, 512), waves=st.integers(1, 5), min_prompts=st.integers(1, 64))
