@@ -86,6 +86,14 @@ def parse_int_list(text: str) -> list[int]:
     return sorted(set(values))
 
 
+def warmup_output_len(given: int | None, output_len: int) -> int:
+    if given is None:
+        return output_len
+    if given < 1:
+        raise ValueError(f"--warmup-output-len must be at least 1, got {given}")
+    return given
+
+
 def parse_env_assignments(assignments: list[str]) -> dict[str, str]:
     env = {}
     for assignment in assignments:
@@ -123,7 +131,7 @@ def record_from_result_line(config: str, num_prompts: int, line: dict, counters_
 
 
 def warm_up_group(plan: SweepPlan, scratch: Path, config: str) -> bench.RunGroup:
-    """One short unrecorded wave at every concurrency, so that every configuration is measured
+    """One unrecorded wave at every concurrency, so that every configuration is measured
     after its lazily compiled kernels (Triton, sglang's JIT ops) exist, whatever ran before it
     on the machine. Its output length is ``plan.warmup_output_len`` tokens."""
     return bench.RunGroup(
@@ -140,7 +148,8 @@ def bench_all_concurrencies(plan: SweepPlan, running: server.RunningServer, docu
     result line are recorded as failed."""
     config = running.config
     prompts = {c: bench.prompts_for_concurrency(c, plan.waves, plan.min_prompts) for c in plan.concurrencies}
-    timeout_s = min(plan.bench_timeout_s * (len(prompts) + 1), deadline.remaining_s())
+    # The warm-up counts as one more run per concurrency.
+    timeout_s = min(plan.bench_timeout_s * 2 * len(prompts), deadline.remaining_s())
     if timeout_s <= 0:
         document["runs"] += [run_record(config, c, n, "skipped", "time budget spent") for c, n in prompts.items()]
         return
@@ -317,7 +326,7 @@ def build_plan(args: argparse.Namespace, out_dir: Path) -> SweepPlan:
         bench_timeout_s=args.bench_timeout_s,
         min_config_window_s=args.min_config_window_s,
         log_tail_lines=args.log_tail_lines,
-        warmup_output_len=args.warmup_output_len or resolved["output_len"],
+        warmup_output_len=warmup_output_len(args.warmup_output_len, resolved["output_len"]),
     )
 
 
@@ -330,6 +339,7 @@ def plan_settings(plan: SweepPlan) -> dict:
         "waves": plan.waves,
         "min_prompts": plan.min_prompts,
         "probe_requests": plan.probe_requests,
+        "warmup_output_len": plan.warmup_output_len,
         "visible_special_tokens": plan.bench_settings.visible_special_tokens,
         "bench_extra_args": list(plan.bench_settings.extra_args),
         "server_env": plan.server_env,

@@ -571,6 +571,7 @@ def scenarios(draw: st.DrawFn) -> tuple[CostPolicyConfig, DecodeMode, CostTable,
         # buckets up to the graph limit) no refresh within the run.
         probe_steps=draw(st.sampled_from([0, 8])),
         refresh_interval=HUGE,
+        close_call_refresh_interval=HUGE,
     )
     initial = draw(st.sampled_from(DecodeMode))
     return cfg, initial, draw(tables()), draw(batch_sizes(patience))
@@ -866,24 +867,33 @@ def test_config_accepts_edge_values(overrides: dict[str, object]) -> None:
 # --------------------------------------------------------------------------- the prior never decides a leave
 
 
-def spec_unmeasured_table(gain: float) -> CostTable:
-    """Plain costs measured; speculative cost at bucket 16 only estimated (the start-up prior),
-    with gain ``gain`` there at acceptance 1."""
+def spec_prior_table(gain: float, measured: Sequence[int] = ()) -> CostTable:
+    """Plain costs measured; speculative costs only the start-up prior except at ``measured``,
+    with gain ``gain`` at acceptance 1 everywhere."""
     plain = {b: 10.0 for b in BUCKETS}
     spec = {b: 10.0 / gain for b in BUCKETS}
-    return CostTable(mode_costs(plain), mode_costs(spec, unmeasured=[16]))
+    unmeasured = [b for b in BUCKETS if b not in measured]
+    return CostTable(mode_costs(plain), mode_costs(spec, unmeasured=unmeasured))
 
 
-def test_speculation_is_not_left_on_an_unmeasured_speculative_cost() -> None:
-    """The prior says leave (gain 0.2, far outside the probe band): the policy first runs
-    probe_steps speculative steps at that bucket, so the cost gets measured, then leaves
-    with the patience."""
-    table = spec_unmeasured_table(gain=0.2)
+def test_speculation_is_not_left_on_the_start_up_prior_alone() -> None:
+    """No speculative cost measured yet and the prior says leave (gain 0.2, far outside the
+    probe band): the policy first runs probe_steps speculative steps, so a cost gets
+    measured, then leaves with the patience."""
+    table = spec_prior_table(gain=0.2)
     policy = make(SPEC, probe_steps=P, refresh_interval=10_000)
     steps = feed_probing(policy, [16] * (P + K + 10), table, 1.0)
     assert [mode for mode, _ in steps] == [SPEC] * (P + K - 1) + [PLAIN] * 11
     assert [probing for _, probing in steps][:P] == [True] * P
     assert policy.report()["probes"] == 1
+
+
+def test_one_measured_speculative_bucket_ends_the_distrust_of_the_prior() -> None:
+    """Bucket 16 unmeasured, bucket 1 measured: the rescaled prior at 16 decides at once."""
+    table = spec_prior_table(gain=0.2, measured=[1])
+    policy = make(SPEC, probe_steps=P, refresh_interval=10_000)
+    assert feed(policy, [16] * (K + 5), table, 1.0) == [SPEC] * (K - 1) + [PLAIN] * 6
+    assert policy.report()["probes"] == 0
 
 
 def test_measured_speculative_cost_decides_a_leave_at_once() -> None:
@@ -893,22 +903,32 @@ def test_measured_speculative_cost_decides_a_leave_at_once() -> None:
     assert policy.report()["probes"] == 0
 
 
-def test_unmeasured_speculative_bucket_is_probed_once_per_refresh_interval() -> None:
-    """If the probe could not measure it (prefills between its steps), the prior decides
-    the next time, until the refresh interval has passed."""
-    table = spec_unmeasured_table(gain=0.2)
-    policy = make(SPEC, probe_steps=P, refresh_interval=10_000)
-    feed(policy, [16] * (P + K), table, 1.0)
-    policy_back = feed(policy, [16], table, 4.0)  # acceptance 4 * 0.2 = 0.8: still a leave
-    assert policy_back == [PLAIN]
-    assert policy.report()["probes"] == 1
+def test_prior_only_leave_probe_is_once_per_bucket_per_refresh_interval() -> None:
+    """If the probe could not measure anything (prefills between its steps), the prior
+    decides the next time at that bucket, until the refresh interval has passed."""
+    table = spec_prior_table(gain=0.2)
+    policy = make(SPEC, probe_steps=P, refresh_interval=10_000, max_acceptance=1.0)
+    assert feed(policy, [16] * (P + K), table, 1.0)[-1] is PLAIN
+    back = feed(policy, [16] * 3 * K, table, 5.0)  # gain 1.0: speculation resumes ...
+    back += feed(policy, [16] * (K + 2), table, 1.0)  # ... and is left without a second probe
+    assert back[-1] is PLAIN and policy.report()["probes"] == 1
 
 
-def test_no_probe_when_the_unmeasured_speculative_cost_says_stay() -> None:
-    table = spec_unmeasured_table(gain=2.0)
+def test_no_probe_when_the_prior_says_stay() -> None:
+    table = spec_prior_table(gain=2.0)
     policy = make(SPEC, probe_steps=P, refresh_interval=10_000)
     assert feed(policy, [16] * 50, table, 1.0) == [SPEC] * 50
     assert policy.report()["probes"] == 0
+
+
+def test_wants_fresh_costs_after_the_last_probe_step_only() -> None:
+    table = spec_prior_table(gain=0.2)
+    policy = make(SPEC, probe_steps=P, refresh_interval=10_000)
+    wants = []
+    for _ in range(P + 3):
+        policy.decide(StepObservation(16, table, 1.0))
+        wants.append(policy.wants_fresh_costs())
+    assert wants == [False] * (P - 1) + [True] + [False] * 3
 
 
 # --------------------------------------------------------------------------- close calls refresh sooner
@@ -925,6 +945,23 @@ def test_close_call_refreshes_acceptance_after_the_shorter_interval() -> None:
     assert modes[: short - 1] == [PLAIN] * (short - 1)
     assert modes[short - 1 : short - 1 + P] == [SPEC] * P
     assert policy.report()["probes"] == 1
+
+
+def test_a_higher_acceptance_never_delays_a_close_call_refresh() -> None:
+    """At the step where a close call's refresh falls due, an acceptance high enough to put
+    the gain above the band must not postpone it (its patience is not spent yet)."""
+    plain = {b: 10.0 for b in BUCKETS}
+    spec = {**plain, 1: 40.0}
+    table = measured_table(plain, spec)
+    sizes = [1] * 264 + [2]
+
+    def last_mode(acceptance: float) -> DecodeMode:
+        policy = make(PLAIN, switch_patience=6, probe_steps=8, refresh_interval=HUGE,
+                      close_call_refresh_interval=256)
+        return feed(policy, sizes, table, acceptance)[-1]
+
+    assert last_mode(1.05) is SPEC  # gain 1.05 at bucket 2: a close call, refreshed
+    assert last_mode(1.25) is SPEC  # gain 1.25: no less
 
 
 def test_clear_call_waits_for_the_long_refresh_interval() -> None:

@@ -225,6 +225,14 @@ def test_warm_up_and_measured_runs_share_one_driver_process(tmp_path):
         {k: v for k, v in flags.items() if k != "--output-file"}
 
 
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_warm_up_output_length_below_one_is_refused(tmp_path, value):
+    args = sweep.build_parser().parse_args(["run", "--model-path", "m", "--out", str(tmp_path),
+                                            "--warmup-output-len", value])
+    with pytest.raises(ValueError, match="--warmup-output-len"):
+        sweep.build_plan(args, tmp_path)
+
+
 def test_warm_up_output_length_is_a_flag(tmp_path):
     args = sweep.build_parser().parse_args(["run", "--model-path", "m", "--out", str(tmp_path),
                                             "--warmup-output-len", "16"])

@@ -461,8 +461,8 @@ def test_run_refreshes_the_caught_up_rows_and_forgets_them() -> None:
 
 
 def test_slots_come_from_the_batch_as_formed_not_from_finished_requests() -> None:
-    """Without overlap scheduling (grammar batches) a request that finished in the previous
-    step is still in the batch, its req_pool_idx already None: the plain step and the
+    """With overlap turned off for a batch (grammar batches) a request that finished in the
+    previous step is still in the batch, its req_pool_idx already None: the plain step and the
     catch-up read the slots the batch was formed with."""
     catchup = _catchup()
     batch = _batch()

@@ -1,5 +1,5 @@
 """The parts of step_costs that run without a GPU: which graphs start-up calibration may replay,
-and the tensor-parallel reducer for one rank."""
+the tensor-parallel reducer for one rank, and when the cost table is refreshed."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
 
 from sglang_dynamic_eagle import step_costs
+from sglang_dynamic_eagle.cost_model import MeasuredCosts
 from sglang_dynamic_eagle.policy import DecodeMode
 
 
@@ -48,3 +49,35 @@ def test_one_rank_reduces_to_a_copy() -> None:
     values = [1.0, -2.0]
     assert reduce(values) == values and reduce(values) is not values
     assert step_costs.tp_max_reducer(None)([3.0]) == [3.0]
+
+
+class _NoTimings:
+    """A StepTimer stand-in whose steps yield no samples (CUDA events need a GPU)."""
+
+    def step_done(self, mode: DecodeMode, bucket) -> None:
+        pass
+
+    def finished(self):
+        return iter(())
+
+
+def _tracker(refresh_steps: int) -> step_costs.DecodeCostTracker:
+    measured = MeasuredCosts({DecodeMode.PLAIN: [1, 2], DecodeMode.SPECULATIVE: [1, 2]}, {})
+    reductions = []
+
+    def reduce_max(vector):
+        reductions.append(list(vector))
+        return vector
+
+    tracker = step_costs.DecodeCostTracker(measured, reduce_max, refresh_steps)
+    tracker._timer = _NoTimings()
+    tracker.reductions = reductions
+    return tracker
+
+
+def test_cost_table_refreshes_every_refresh_steps_or_when_asked() -> None:
+    tracker = _tracker(refresh_steps=4)
+    refreshed = [tracker.step_done(DecodeMode.PLAIN, 1) for _ in range(8)]
+    assert refreshed == [False, False, False, True] * 2
+    assert tracker.step_done(DecodeMode.PLAIN, 1, refresh=True)
+    assert len(tracker.reductions) == 1 + 2 + 1  # start-up, two periodic, one asked for

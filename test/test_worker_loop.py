@@ -72,9 +72,11 @@ class FakeCosts:
     steps: List[Tuple[DecodeMode, int]] = field(default_factory=list)
     interrupts: int = 0
     catchup_samples: List[float] = field(default_factory=list)
+    refreshes_asked: List[bool] = field(default_factory=list)
 
-    def step_done(self, mode: DecodeMode, batch_size: int) -> bool:
+    def step_done(self, mode: DecodeMode, batch_size: int, refresh: bool = False) -> bool:
         self.steps.append((mode, batch_size))
+        self.refreshes_asked.append(refresh)
         return False
 
     def interrupt(self) -> None:
@@ -252,3 +254,12 @@ def test_grammar_batches_run_without_overlap() -> None:
     # The plain step never calls the scheduler's grammar barrier; sglang passes it only when
     # the algorithm supports grammar overlap, which EAGLE3 does and EAGLE3_DYNAMIC must not.
     assert DynamicEagleSpecAlgo.supports_grammar_overlap(object.__new__(DynamicEagleSpecAlgo)) is False
+
+
+def test_the_cost_table_is_refreshed_when_the_policy_asks(worker) -> None:
+    """A probe's last step asks for a refresh, so the next decision reads what it measured."""
+    asks = iter([False, True, False])
+    worker._policy.wants_fresh_costs = lambda: next(asks)
+    for _ in range(3):
+        decode(worker, [1])
+    assert worker._costs.refreshes_asked == [False, True, False]

@@ -17,10 +17,11 @@ indexed by CUDA-graph bucket (the padded batch size a step really runs). The pol
 * probes: a few steps in the other mode (``probe_steps``) when that mode's cost at this bucket
   was never measured and the estimated gain is within ``cost_probe_band`` of 1 (so a wrong
   start-up estimate cannot decide a close call); as many more speculative steps before
-  speculation is left at a bucket whose speculative cost was never measured (so a start-up
-  estimate that overrates speculative steps cannot keep speculation off for good); and,
-  while plain, when no verify ran for ``refresh_interval`` steps (``close_call_refresh_interval`` when the gain estimated from
-  the old acceptance is within ``close_call_band`` of 1) and speculation could pay at this
+  speculation is left while no speculative cost has been measured at all (so a start-up
+  estimate that overrates speculative steps cannot keep speculation off for good; one
+  measured bucket rescales the others); and, while plain, when no verify ran for
+  ``refresh_interval`` steps (``close_call_refresh_interval`` when the gain estimated from
+  the old acceptance is above ``1 / (1 + close_call_band)``) and speculation could pay at this
   batch size with a perfect acceptance (so a workload whose acceptance rose is noticed, and a
   close call is not left to a few unlucky verifies). A probe bypasses the patience
   and then returns to the mode it interrupted, where the rules above (and their patience)
@@ -168,6 +169,10 @@ class CostPolicy:
     def probing(self) -> bool:
         return self._probe is not None
 
+    def wants_fresh_costs(self) -> bool:
+        """True after a probe's last step: the next decision should read what it measured."""
+        return self._probe is not None and self._probe.steps_left == 0
+
     def decide(self, observation: StepObservation) -> DecodeMode:
         self._step += 1
         self._mode = self._next_mode(observation)
@@ -207,22 +212,25 @@ class CostPolicy:
         gain = speculative_gain(estimate, plain.step_ms, spec.step_ms)
         self._last_gain = gain
         if self._mode is DecodeMode.SPECULATIVE:
-            return self._from_speculative(gain, plain, spec)
+            prior_only = not costs.speculative.measured_buckets()
+            return self._from_speculative(gain, plain, spec, prior_only)
         entry_ms = spec.step_ms + costs.catchup_ms / self._config.catchup_horizon_steps
         entry_gain = speculative_gain(estimate, plain.step_ms, entry_ms)
         best_gain = speculative_gain(self._config.max_acceptance, plain.step_ms, entry_ms)
         return self._from_plain(gain, entry_gain, best_gain, spec)
 
-    def _from_speculative(self, gain: float, plain: CostLookup, spec: CostLookup) -> DecodeMode:
+    def _from_speculative(
+        self, gain: float, plain: CostLookup, spec: CostLookup, prior_only: bool
+    ) -> DecodeMode:
         if not plain.measured and self._in_probe_band(gain):
             probed = self._probe_cost(DecodeMode.PLAIN, plain.bucket)
             if probed is not None:
                 return probed
         leave = gain < 1 - self._config.margin
-        if leave and not spec.measured:
+        if leave and prior_only:
             # Never leave on the start-up prior alone: a prior that overrates speculative
-            # steps would otherwise keep speculation off for good. The bucket's measured
-            # cost also rescales every speculative bucket still unmeasured.
+            # steps would otherwise keep speculation off for good. One measured bucket
+            # rescales every unmeasured one, so this holds only until the first.
             probed = self._probe_cost(DecodeMode.SPECULATIVE, spec.bucket)
             if probed is not None:
                 return probed
@@ -248,8 +256,9 @@ class CostPolicy:
         that old acceptance is a close call, where a few unlucky verifies (acceptance is an
         integer per request and step) would otherwise keep a paying speculation off."""
         interval = self._config.refresh_interval
-        band = self._config.close_call_band
-        if 1 / (1 + band) < entry_gain < 1 + band:
+        # One-sided, so that a higher acceptance or a cheaper speculative step never delays
+        # a refresh (above 1 + margin the patience enters speculation anyway).
+        if entry_gain > 1 / (1 + self._config.close_call_band):
             interval = min(interval, self._config.close_call_refresh_interval)
         return self._step - self._last_speculative_step >= interval
 

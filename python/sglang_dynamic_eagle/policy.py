@@ -87,6 +87,10 @@ class DecodePolicy(Protocol):
     def decide(self, observation: StepObservation) -> DecodeMode:
         """The mode of the step described by ``observation``."""
 
+    def wants_fresh_costs(self) -> bool:
+        """True when the next decision should read a cost table refreshed after this step
+        (the same on every tensor-parallel rank: it depends only on the decisions)."""
+
     def report(self) -> Dict[str, ReportValue]:
         """The policy's configuration and state, for ``/server_info``."""
 
@@ -177,6 +181,9 @@ class ThresholdPolicy:
         elif self._streak.advance(batch_size <= self._config.enable_limit):
             self._mode = DecodeMode.SPECULATIVE
         return self._mode
+
+    def wants_fresh_costs(self) -> bool:
+        return False
 
     def report(self) -> Dict[str, ReportValue]:
         return {

@@ -222,13 +222,15 @@ class DecodeCostTracker:
     def add_catchup(self, catchup_ms: float) -> None:
         self.measured.add_catchup(catchup_ms)
 
-    def step_done(self, mode: DecodeMode, batch_size: int) -> bool:
-        """Count one decode step (its work just enqueued); True when the table was refreshed."""
+    def step_done(self, mode: DecodeMode, batch_size: int, refresh: bool = False) -> bool:
+        """Count one decode step (its work just enqueued); True when the table was refreshed:
+        every ``refresh_steps`` steps, or now if ``refresh`` (which, with tensor parallelism,
+        must be the same on every rank)."""
         self._timer.step_done(mode, self.measured.bucket_of(mode, batch_size))
         for sample_mode, bucket, step_ms in self._timer.finished():
             self.measured.add_step(sample_mode, bucket, step_ms)
         self._decode_steps += 1
-        if self._decode_steps % self._refresh_steps:
+        if self._decode_steps % self._refresh_steps and not refresh:
             return False
         self.table = self._reduced_table()
         return True

@@ -245,7 +245,8 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         why="it is the host copy of the slots the batch was formed with, kept through "
         "filter_batch and merge_batch; req.req_pool_idx is already None for a request that "
         "finished in the previous step when that step's results were processed after this "
-        "batch was formed (non-overlap scheduling, grammar batches)",
+        "batch was formed (the overlap loop with overlap turned off for the batch: grammar "
+        "batches)",
         drop_when="n/a (a ScheduleBatch field in 0.5.17)",
         kind=BEHAVIOUR,
         code=(

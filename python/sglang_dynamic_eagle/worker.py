@@ -310,7 +310,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
 
     def _measure(self, mode: DecodeMode, batch_size: int) -> None:
         self._harvest_catchup_timings()
-        if self._costs.step_done(mode, batch_size):
+        if self._costs.step_done(mode, batch_size, refresh=self._policy.wants_fresh_costs()):
             self._log_crossover_change()
 
     def _log_crossover_change(self) -> None:
