@@ -12,6 +12,7 @@ expected value below is written out by hand:
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, List, Optional, Sequence, Tuple
@@ -473,3 +474,30 @@ def test_slots_come_from_the_batch_as_formed_not_from_finished_requests() -> Non
     catchup.record_plain_step(batch.req_pool_indices, slots, batch.seq_lens,
                               batch.input_ids, torch.zeros(3, HIDDEN))
     assert catchup.plan(batch_req_pool_indices(batch)).rows == [0, 1, 2]
+
+
+class _NoGpuTime:
+    def start(self) -> None:
+        return None
+
+    def stop(self, start) -> None:
+        pass
+
+
+def test_catch_up_plans_a_batch_holding_a_finished_request() -> None:
+    """The speculative path of the same case: catch_up plans from the batch's slots (the
+    finished request's row included, as its step still computes it) instead of failing on
+    its req_pool_idx of None."""
+    catchup = _catchup()
+    batch = _batch(spec_info=SimpleNamespace())
+    catchup.record_plain_step(batch.req_pool_indices, [5, 3, 1], batch.seq_lens,
+                              batch.input_ids, torch.zeros(3, HIDDEN))
+    batch.reqs = [SimpleNamespace(req_pool_idx=5), SimpleNamespace(req_pool_idx=None),
+                  SimpleNamespace(req_pool_idx=1)]
+    catchup.gpu_time = _NoGpuTime()
+    ran: List[CatchupPlan] = []
+    catchup.run = lambda draft_worker, batch, plan: ran.append(plan)
+    draft_worker = SimpleNamespace(draft_runner=SimpleNamespace(tp_group=None),
+                                   draft_tp_context=lambda group: contextlib.nullcontext())
+    plan = catchup.catch_up(draft_worker, batch, plan_stream=None)
+    assert plan is not None and plan.rows == [0, 1, 2] and ran == [plan]
