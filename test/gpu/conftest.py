@@ -12,14 +12,12 @@ from sglang_dynamic_eagle.draft_catchup import CATCHUP_BUDGET_ENV
 from sglang_dynamic_eagle.unsupported import EXPERIMENTAL_TREES_ENV
 
 from gpu_servers import (
-    COMMON_SERVER_ARGS,
     KIT_MODELS,
     FIXED_THRESHOLD_FLAGS,
     TINY_PAIR,
-    TINY_PAIR_DTYPE,
     TREE_SHAPE,
     LazyServers,
-    eagle3_args,
+    tiny_pair_args,
     tiny_pair_server_env,
 )
 
@@ -46,9 +44,7 @@ def tiny_servers() -> Iterator[LazyServers]:
     catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1). Each starts
     when a test first uses it, so a run of some of the tests starts only the servers they use
     (the seven together take several minutes to start)."""
-    common = ["--model-path", str(TINY_PAIR / "target"), "--dtype", TINY_PAIR_DTYPE,
-              *COMMON_SERVER_ARGS, "--cuda-graph-max-bs-decode", "32"]
-    draft = eagle3_args(TINY_PAIR / "draft", dummy=False)
+    common, draft = tiny_pair_args()
     tree_draft = ["--speculative-draft-model-path", str(TINY_PAIR / "draft"), *TREE_SHAPE]
     # Started one after the other: each sizes its pools from the memory left free.
     specs = {

@@ -37,6 +37,12 @@ LOG_DIR = Path(os.environ.get("SGLANG_DE_LOG_DIR", "/tmp"))
 # test/gpu/native_ops_plugin: float32 servers need it (sglang's CUDA rmsnorm takes no float32).
 NATIVE_OPS_ENV = "SGLANG_DE_TEST_NATIVE_OPS"
 NATIVE_OPS_PLUGIN = "dynamic_eagle_test_native_ops"
+# The same package's dummy-weights plugin: matrices from normal(0, 0.02), norm weights 1, so a
+# dummy model's logits spread over about one unit and the tie rule below can tell tokens apart
+# (sglang's own dummy weights put every top-2 margin below 3e-6).
+DUMMY_WEIGHTS_ENV = "SGLANG_DE_TEST_DUMMY_WEIGHT_STD"
+DUMMY_WEIGHTS_PLUGIN = "dynamic_eagle_test_dummy_weights"
+DUMMY_WEIGHT_STD = "0.02"
 START_TIMEOUT_S = 420
 # bf16 servers: a token that differs from the plain server's counts as a numerical tie only
 # where the plain server's top-2 logprob margin is below this.
@@ -220,6 +226,13 @@ def eagle3_args(draft_path: Path, *, dummy: bool) -> List[str]:
     return args
 
 
+def tiny_pair_args() -> Tuple[List[str], List[str]]:
+    """Server arguments of the tiny trained target, and of its EAGLE-3 draft (chain 3/1/4)."""
+    target = ["--model-path", str(TINY_PAIR / "target"), "--dtype", TINY_PAIR_DTYPE,
+              *COMMON_SERVER_ARGS, "--cuda-graph-max-bs-decode", "32"]
+    return target, eagle3_args(TINY_PAIR / "draft", dummy=False)
+
+
 def dummy8b_args(kit_models: Path) -> Tuple[List[str], List[str]]:
     """Server arguments of the 8B-shaped dummy target, and of the dummy EAGLE-3 draft for it."""
     target = ["--model-path", str(kit_models / "llama8b"), "--load-format", "dummy",
@@ -239,6 +252,18 @@ def top2_margin(plain_output: dict, position: int) -> float:
     top = plain_output["meta_info"]["output_top_logprobs"][position]
     values = sorted((entry[0] for entry in top), reverse=True)
     return values[0] - values[1]
+
+
+def dummy_weights_env() -> Dict[str, str]:
+    """Environment of every dummy-weight test server (see DUMMY_WEIGHTS_ENV)."""
+    from importlib.metadata import entry_points
+
+    if DUMMY_WEIGHTS_PLUGIN not in {ep.name for ep in entry_points(group="sglang.srt.plugins")}:
+        raise RuntimeError(
+            "dummy-weight test servers need the test plugin: pip install --no-deps "
+            "--no-build-isolation -e test/gpu/native_ops_plugin"
+        )
+    return {DUMMY_WEIGHTS_ENV: DUMMY_WEIGHT_STD}
 
 
 def tiny_pair_server_env() -> Dict[str, str]:

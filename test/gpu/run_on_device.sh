@@ -13,10 +13,12 @@ python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . -e test
 export OUT=${OUT:-/tmp/gpu-test-out}
 export SGLANG_DE_LOG_DIR=$OUT
 mkdir -p "$OUT"
-# Default: the tiny-pair suite with chain drafting (float32, exact comparisons; about 7
-# minutes). Its tree and catch-up-control tests start servers of their own and need a call of
-# their own: run_on_device.sh test/gpu/test_dynamic_eagle_tiny.py -k "tree or control"
-# So do the 8B-shaped bf16 modules: run_on_device.sh test/gpu/test_dynamic_eagle_dummy8b.py
+# Default: the tiny-pair suite with chain drafting (float32, exact comparisons; about 8
+# minutes). Its tree and catch-up-control tests start servers of their own (about 45-90 s
+# each) and need a call each: run_on_device.sh test/gpu/test_dynamic_eagle_tiny.py -k tree
+# (three servers), then -k control (two). So does each other module, one per call: the
+# 8B-shaped test/gpu/test_dynamic_eagle_dummy8b.py, the soak test/gpu/test_soak.py, and
+# test/gpu/test_dynamic_eagle_configurations.py with -k non_overlap, -k mla_moe or -k flashinfer.
 if [ $# -eq 0 ]; then
   set -- test/gpu/test_dynamic_eagle_tiny.py test/gpu/test_tiny_pair.py -k "not tree and not control"
 fi

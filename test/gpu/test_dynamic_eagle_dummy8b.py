@@ -25,6 +25,7 @@ from gpu_servers import (
     assert_lossless_across_switches,
     compare_with_plain,
     dummy8b_args,
+    dummy_weights_env,
     first_difference,
     make_prompts,
     running_servers,
@@ -49,7 +50,7 @@ def servers(kit_models):
         "dynamic_auto": target + ["--mem-fraction-static", "0.75",
                                   "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft],
     }
-    with running_servers(specs, env={SYNC_CHECK_ENV: "1"}) as started:
+    with running_servers(specs, env={**dummy_weights_env(), SYNC_CHECK_ENV: "1"}) as started:
         yield started
 
 
