@@ -21,11 +21,13 @@ import pytest
 import torch
 
 from sglang_dynamic_eagle.draft_catchup import (
+    CATCHUP_BUDGET_ENV,
     MAX_WINDOW,
     CatchupPlan,
     DraftCatchup,
     batch_req_pool_indices,
     choose_window,
+    short_window_advice,
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -501,3 +503,14 @@ def test_catch_up_plans_a_batch_holding_a_finished_request() -> None:
                                    draft_tp_context=lambda group: contextlib.nullcontext())
     plan = catchup.catch_up(draft_worker, batch, plan_stream=None)
     assert plan is not None and plan.rows == [0, 1, 2] and ran == [plan]
+
+
+def test_short_window_advice_names_both_remedies() -> None:
+    advice = short_window_advice(10, 4097)
+    assert advice is not None and "10" in advice and "4097" in advice
+    assert "--max-running-requests" in advice and CATCHUP_BUDGET_ENV in advice
+
+
+def test_no_advice_for_a_window_of_32_or_more() -> None:
+    assert short_window_advice(32, 4097) is None
+    assert short_window_advice(MAX_WINDOW, 65) is None

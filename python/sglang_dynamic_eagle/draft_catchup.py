@@ -61,6 +61,22 @@ def choose_window(budget_bytes: int, req_pool_size: int, hidden_width: int, elem
     return max(1, min(MAX_WINDOW, budget_bytes // per_position))
 
 
+# Below this many positions a plain stretch of ordinary length outruns the catch-up.
+SHORT_WINDOW = 32
+
+
+def short_window_advice(window: int, req_pool_size: int) -> Optional[str]:
+    """A warning for the operator when the stash's window is short, or None."""
+    if window >= SHORT_WINDOW:
+        return None
+    return (
+        f"the draft-KV catch-up keeps the last {window} plain-decoded positions of each of "
+        f"{req_pool_size} request slots; older ones keep stale draft KV when speculation "
+        f"resumes (acceptance only). --max-running-requests set to the real peak load, or a "
+        f"larger {CATCHUP_BUDGET_ENV} (MiB), lengthens it."
+    )
+
+
 def _with_rows(tensor: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """A copy of ``tensor`` whose ``rows`` are replaced by ``values``."""
     return tensor.index_put((rows,), values.to(tensor.dtype))

@@ -43,6 +43,7 @@ from sglang_dynamic_eagle.draft_catchup import (
     batch_req_pool_indices,
     catchup_budget_bytes,
     choose_window,
+    short_window_advice,
 )
 from sglang_dynamic_eagle.draft_prefill import use_last_position_mlp
 from sglang_dynamic_eagle.flags import current_flags
@@ -159,6 +160,9 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             hidden_width,
             torch.tensor([], dtype=hidden_dtype).element_size(),
         )
+        advice = short_window_advice(window, req_pool_size)
+        if advice is not None:
+            logger.warning("EAGLE3_DYNAMIC: %s", advice)
         return DraftCatchup(
             req_pool_size=req_pool_size,
             window=window,
