@@ -212,7 +212,7 @@ class CostPolicy:
         gain = speculative_gain(estimate, plain.step_ms, spec.step_ms)
         self._last_gain = gain
         if self._mode is DecodeMode.SPECULATIVE:
-            prior_only = not costs.speculative.measured_buckets()
+            prior_only = not any(costs.speculative.measured)
             return self._from_speculative(gain, plain, spec, prior_only)
         entry_ms = spec.step_ms + costs.catchup_ms / self._config.catchup_horizon_steps
         entry_gain = speculative_gain(estimate, plain.step_ms, entry_ms)
