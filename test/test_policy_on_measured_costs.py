@@ -198,3 +198,36 @@ def test_close_calls_with_only_the_long_refresh_stay_plain_where_speculation_pay
     the sweep ran with) leaves 5% on the table at acceptance 1.6 and 11% at 1.7."""
     assert share_of_the_better_mode(1.6, close_call_refresh_interval=4096) < 0.96
     assert share_of_the_better_mode(1.7, close_call_refresh_interval=4096) < 0.92
+
+
+# ------------------------------- speculative graphs up to 128, on the costs of 2026-12-01
+
+# `/server_info` after the last run of the acceptance-3.0 sweep of 2026-12-01 (benchmark/
+# results/2026-12-01-h200-dummy8b-auto-acc3.0-acc1.6/sweep-acc3.0), speculative graphs to 128.
+PLAIN_MS_128 = {1: 5.825, 2: 5.822, 4: 5.835, 8: 5.86, 12: 5.918, 16: 6.005, 24: 6.088,
+                32: 6.164, 40: 6.318, 48: 7.923, 56: 8.005, 64: 8.175, 72: 8.315, 80: 8.442,
+                88: 8.513, 96: 9.912, 104: 9.95, 112: 10.202, 120: 10.236, 128: 10.39}
+SPECULATIVE_MS_128 = {1: 7.692, 2: 7.869, 3: 8.206, 4: 8.279, 5: 8.861, 6: 8.872, 7: 8.902,
+                      8: 8.998, 10: 12.871, 12: 12.969, 14: 13.68, 16: 13.846, 18: 14.544,
+                      20: 14.657, 22: 15.287, 24: 17.743, 26: 18.455, 28: 18.744, 30: 19.446,
+                      32: 19.649, 40: 21.851, 44: 23.19, 48: 27.568, 52: 28.441, 56: 30.473,
+                      60: 31.295, 64: 31.965, 72: 36.684, 80: 38.966, 88: 43.406, 96: 45.205,
+                      104: 50.453, 112: 60.713, 120: 53.486, 128: 55.538}
+TABLE_128 = CostTable(measured(PLAIN_MS_128), measured(SPECULATIVE_MS_128), 0.882)
+
+
+@pytest.mark.parametrize(("concurrency", "expected"), [(16, SPEC), (32, PLAIN), (64, PLAIN),
+                                                       (128, PLAIN)])
+def test_with_graphs_to_128_the_measured_costs_bound_speculation(concurrency: int, expected) -> None:
+    """At acceptance 3.0 speculation paid at batch 16 (gain 1.30) and not from 32 on (0.94,
+    0.77, 0.56), although graphs reach 128: the costs, not EAGLE's cap of 48, decide."""
+    policy = CostPolicy(CostPolicyConfig(switch_patience=4, max_speculative_batch=128,
+                                         max_acceptance=4.0))
+    sizes, steady = benchmark_trace(concurrency, steady_steps=int(OUTPUT_TOKENS / 3.0))
+    modes = [policy.decide(StepObservation(bs, TABLE_128, 3.0)) for bs in sizes]
+    steady_modes = [mode for mode, is_steady in zip(modes, steady) if is_steady]
+    wrong = [mode for mode in steady_modes if mode is not expected]
+    assert len(wrong) <= 4 * WAVES, (concurrency, wrong)
+    # The server reported 44: a plain step of 44 requests runs the batch-48 graph (7.9 ms), so
+    # speculation pays there again (gain 1.03) though not at 32 or 40.
+    assert crossover_batch(TABLE_128, 3.0) == 44
