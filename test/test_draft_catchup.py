@@ -21,19 +21,21 @@ import pytest
 import torch
 
 from sglang_dynamic_eagle.draft_catchup import (
-    CATCHUP_BUDGET_ENV,
+    CATCHUP_WINDOW_ENV,
     MAX_WINDOW,
     CatchupPlan,
     DraftCatchup,
     batch_req_pool_indices,
-    choose_window,
-    short_window_advice,
+    catchup_max_window,
+    choose_ring_size,
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_dynamic_eagle.startup_errors import StartupError
 
 CPU = torch.device("cpu")
 POOL_SIZE = 6
 WINDOW = 4
+RING = 64
 HIDDEN = 3
 MAX_LEN = 32
 
@@ -41,10 +43,11 @@ MAX_LEN = 32
 # ---------------------------------------------------------------- helpers
 
 
-def _catchup(window: int = WINDOW) -> DraftCatchup:
+def _catchup(window: int = WINDOW, ring_size: int = RING) -> DraftCatchup:
     return DraftCatchup(
         req_pool_size=POOL_SIZE,
-        window=window,
+        ring_size=ring_size,
+        max_window=window,
         hidden_width=HIDDEN,
         hidden_dtype=torch.float32,
         device=CPU,
@@ -138,39 +141,47 @@ def _extend(
     return catchup._extend_batch(_fake_draft_worker(), batch, plan, rows)
 
 
-# ---------------------------------------------------------------- choose_window
+# ---------------------------------------------------------------- ring size and window
 
 
 @pytest.mark.parametrize(
     "budget, expected",
     [
-        # per position: 10 slots * (4 * 2 hidden bytes + 8 token bytes) = 160 bytes
-        (160 * 7, 7),
-        (160 * 7 - 1, 6),
-        (160 * 7 + 159, 7),
-        (159, 1),  # less than one position still gets one
-        (0, 1),
-        (160 * 256, 256),
-        (160 * 1000, 256),  # capped at MAX_WINDOW
+        # per entry: 4 * 2 hidden bytes + 8 token bytes = 16 bytes
+        (16 * 700, 700),
+        (16 * 700 + 15, 700),
+        (16 * 5, 10),  # never fewer entries than request slots
+        (0, 10),
     ],
 )
-def test_choose_window(budget: int, expected: int) -> None:
-    assert choose_window(budget, req_pool_size=10, hidden_width=4, elem_bytes=2) == expected
+def test_choose_ring_size(budget: int, expected: int) -> None:
+    assert choose_ring_size(budget, req_pool_size=10, hidden_width=4, elem_bytes=2) == expected
 
 
 def test_max_window_is_256() -> None:
     assert MAX_WINDOW == 256
 
 
-def test_chosen_window_stash_fits_the_budget() -> None:
-    window = choose_window(1200, req_pool_size=10, hidden_width=4, elem_bytes=2)
-    assert window == 7  # 1200 // 160
-    catchup = DraftCatchup(
-        req_pool_size=10, window=window, hidden_width=4, hidden_dtype=torch.bfloat16, device=CPU
-    )
-    # tokens: 10 * 7 * 8 = 560 bytes; hidden: 10 * 7 * 4 * 2 = 560 bytes
-    assert catchup.stash_bytes == 1120
-    assert catchup.window == 7
+def test_max_window_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CATCHUP_WINDOW_ENV, raising=False)
+    assert catchup_max_window() == MAX_WINDOW
+    monkeypatch.setenv(CATCHUP_WINDOW_ENV, "1")
+    assert catchup_max_window() == 1
+
+
+@pytest.mark.parametrize("value", ["0", "257", "-1", "many"])
+def test_bad_max_window_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(CATCHUP_WINDOW_ENV, value)
+    with pytest.raises(StartupError, match=CATCHUP_WINDOW_ENV):
+        catchup_max_window()
+
+
+def test_stash_holds_ring_size_entries() -> None:
+    catchup = DraftCatchup(req_pool_size=10, ring_size=700, max_window=256, hidden_width=4,
+                           hidden_dtype=torch.bfloat16, device=CPU)
+    # tokens: 700 * 8 bytes; hidden: 700 * 4 * 2 bytes
+    assert catchup.stash_bytes == 700 * 16
+    assert catchup.ring_size == 700 and catchup.max_window == 256
 
 
 # ---------------------------------------------------------------- CatchupPlan
@@ -188,16 +199,21 @@ def test_fresh_stash_plans_nothing() -> None:
     assert _catchup().plan([0, 1, 2]) == CatchupPlan(rows=[], lengths=[], truncated_tokens=0)
 
 
-def test_plain_steps_write_ring_slots_position_mod_window() -> None:
+def test_plain_steps_write_one_ring_entry_per_request_in_batch_order() -> None:
     catchup = _catchup()
     _two_request_history(catchup)
-    # slot 1: positions 20..25 -> ring 0,1,2,3,0,1; 24 and 25 overwrote 20 and 21.
-    assert catchup._tokens[1].tolist() == [1024, 1025, 1022, 1023]
-    assert catchup._hidden[1, :, 1].tolist() == [24.0, 25.0, 22.0, 23.0]
-    # slot 3: positions 10, 11 -> ring 2, 3.
-    assert catchup._tokens[3].tolist() == [0, 0, 3010, 3011]
+    # entries: (5, 6); (1, 20..23); (3, 10), (1, 24); (3, 11), (1, 25)
+    assert catchup._tokens[:9].tolist() == [5006, 1020, 1021, 1022, 1023, 3010, 1024, 3011, 1025]
+    assert catchup._hidden[:9, 1].tolist() == [6.0, 20.0, 21.0, 22.0, 23.0, 10.0, 24.0, 11.0, 25.0]
     assert catchup._tokens.dtype == torch.int64
     assert catchup._hidden.dtype == torch.float32
+
+
+def test_the_ring_wraps_around() -> None:
+    catchup = _catchup(ring_size=6)
+    _two_request_history(catchup)
+    # nine entries in a ring of six: entries 6, 7, 8 overwrote 0, 1, 2.
+    assert catchup._tokens.tolist() == [1024, 3011, 1025, 1022, 1023, 3010]
 
 
 def test_record_plain_step_accepts_int32_positions() -> None:
@@ -205,14 +221,14 @@ def test_record_plain_step_accepts_int32_positions() -> None:
     catchup.record_plain_step(
         torch.tensor([2, 0]),
         [2, 0],
-        torch.tensor([9, 4], dtype=torch.int32),  # ring slots 1, 0
+        torch.tensor([9, 4], dtype=torch.int32),
         torch.tensor([2009, 4], dtype=torch.int64),
         torch.tensor([_hidden_row(2, 9), _hidden_row(0, 4)], dtype=torch.float32),
     )
-    assert catchup._tokens[2].tolist() == [0, 2009, 0, 0]
-    assert catchup._tokens[0].tolist() == [4, 0, 0, 0]
-    assert catchup._hidden[2, 1].tolist() == [2.0, 9.0, 0.5]
-    assert catchup.plan([0, 1, 2]) == CatchupPlan(rows=[0, 2], lengths=[1, 1], truncated_tokens=0)
+    assert catchup._tokens[:2].tolist() == [2009, 4]
+    assert catchup._hidden[0].tolist() == [2.0, 9.0, 0.5]
+    assert catchup.plan([0, 1, 2]) == CatchupPlan(rows=[0, 2], lengths=[1, 1], truncated_tokens=0,
+                                                  ring_entries=[1, 0])
 
 
 def test_plan_rows_lengths_and_truncation() -> None:
@@ -221,28 +237,53 @@ def test_plan_rows_lengths_and_truncation() -> None:
     # row 0 (slot 5) was forgotten; row 1 (slot 3) missed 2; row 2 (slot 1)
     # missed 6 > window 4: length 4, 2 truncated.
     plan = catchup.plan([5, 3, 1])
-    assert plan == CatchupPlan(rows=[1, 2], lengths=[2, 4], truncated_tokens=2)
+    assert plan == CatchupPlan(rows=[1, 2], lengths=[2, 4], truncated_tokens=2,
+                               ring_entries=[5, 7, 3, 4, 6, 8])
     assert plan.num_tokens == 6
+
+
+def test_positions_the_ring_overwrote_are_truncated() -> None:
+    """A ring of six holds entries 3..8: slot 1 keeps positions 22..25 (its last four), slot 3
+    both of its positions; a small ring and a long window cut the same way."""
+    catchup = _catchup(window=MAX_WINDOW, ring_size=6)
+    _two_request_history(catchup)
+    plan = catchup.plan([5, 3, 1])
+    assert plan == CatchupPlan(rows=[1, 2], lengths=[2, 4], truncated_tokens=2,
+                               ring_entries=[5, 7, 3, 4, 6, 8])
+
+
+def test_a_row_with_nothing_left_in_the_ring_is_truncated_and_forgotten() -> None:
+    catchup = _catchup(window=MAX_WINDOW, ring_size=POOL_SIZE)
+    _plain_step(catchup, [(2, 7)])
+    for position in range(POOL_SIZE):
+        _plain_step(catchup, [(4, 30 + position)])
+    plan = catchup.plan([2, 4])
+    assert plan == CatchupPlan(rows=[1], lengths=[POOL_SIZE], truncated_tokens=1,
+                               ring_entries=list(range(1, POOL_SIZE + 1)))
+    assert catchup.plan([2]) == CatchupPlan(rows=[], lengths=[], truncated_tokens=0)
 
 
 def test_plan_follows_batch_row_order() -> None:
     catchup = _catchup()
     _two_request_history(catchup)
-    assert catchup.plan([1, 0, 3]) == CatchupPlan(rows=[0, 2], lengths=[4, 2], truncated_tokens=2)
+    assert catchup.plan([1, 0, 3]) == CatchupPlan(rows=[0, 2], lengths=[4, 2], truncated_tokens=2,
+                                                  ring_entries=[3, 4, 6, 8, 5, 7])
 
 
 def test_missed_exactly_window_is_not_truncated() -> None:
     catchup = _catchup()
     for position in range(4):
         _plain_step(catchup, [(2, position)])
-    assert catchup.plan([2]) == CatchupPlan(rows=[0], lengths=[4], truncated_tokens=0)
+    assert catchup.plan([2]) == CatchupPlan(rows=[0], lengths=[4], truncated_tokens=0,
+                                            ring_entries=[0, 1, 2, 3])
 
 
 def test_forget_clears_only_the_given_slots() -> None:
     catchup = _catchup()
     _two_request_history(catchup)
     catchup.forget([1, 4])
-    assert catchup.plan([5, 3, 1]) == CatchupPlan(rows=[1], lengths=[2], truncated_tokens=0)
+    assert catchup.plan([5, 3, 1]) == CatchupPlan(rows=[1], lengths=[2], truncated_tokens=0,
+                                                  ring_entries=[5, 7])
 
 
 def test_missed_count_restarts_after_forget() -> None:
@@ -250,7 +291,8 @@ def test_missed_count_restarts_after_forget() -> None:
     _two_request_history(catchup)
     catchup.forget([1])
     _plain_step(catchup, [(1, 26)])
-    assert catchup.plan([1]) == CatchupPlan(rows=[0], lengths=[1], truncated_tokens=0)
+    assert catchup.plan([1]) == CatchupPlan(rows=[0], lengths=[1], truncated_tokens=0,
+                                            ring_entries=[9])
 
 
 # ---------------------------------------------------------------- _extend_batch
@@ -503,14 +545,3 @@ def test_catch_up_plans_a_batch_holding_a_finished_request() -> None:
                                    draft_tp_context=lambda group: contextlib.nullcontext())
     plan = catchup.catch_up(draft_worker, batch, plan_stream=None)
     assert plan is not None and plan.rows == [0, 1, 2] and ran == [plan]
-
-
-def test_short_window_advice_names_both_remedies() -> None:
-    advice = short_window_advice(10, 4097)
-    assert advice is not None and "10" in advice and "4097" in advice
-    assert "--max-running-requests" in advice and CATCHUP_BUDGET_ENV in advice
-
-
-def test_no_advice_for_a_window_of_32_or_more() -> None:
-    assert short_window_advice(32, 4097) is None
-    assert short_window_advice(MAX_WINDOW, 65) is None

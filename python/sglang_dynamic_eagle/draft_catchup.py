@@ -4,14 +4,18 @@ The EAGLE-3 draft's KV entry at position ``p`` is computed from the token at
 ``p + 1`` and the target's auxiliary hidden states at ``p``. Plain steps run no
 draft forward, so every position a request decoded in plain mode lacks draft
 KV. Each plain step therefore stashes, per request, the token it fed and the
-aux hidden states it produced into a small ring (``window`` positions per
-request slot). When speculation resumes, one draft EXTEND forward over the
-missed positions (the last ``window`` of them) rebuilds their draft KV and
-yields the draft's next proposal, exactly as the draft extend after a prefill
-does; sglang's ``_draft_extend_for_prefill`` runs it.
+aux hidden states it produced into a ring shared by all requests (one entry per
+request and plain step, ``ring_size`` entries in all). When speculation resumes,
+one draft EXTEND forward over each request's missed positions still in the
+ring (at most ``max_window``) rebuilds their draft KV and yields the draft's
+next proposal, exactly as the draft extend after a prefill does; sglang's
+``_draft_extend_for_prefill`` runs it.
 
-Positions older than the window keep stale draft KV: acceptance, never the
-output tokens, pays for them (the target verifies every token).
+Sharing the ring makes the history per request follow the load: a plain batch of
+``b`` requests keeps the last ``ring_size // b`` positions of each (a ring per
+request slot would keep the same few positions for every slot of a large pool).
+Positions older than that keep stale draft KV: acceptance, never the output
+tokens, pays for them (the target verifies every token).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 import torch
@@ -41,6 +46,7 @@ logger = logging.getLogger(__name__)
 MAX_WINDOW = 256
 CATCHUP_BUDGET_ENV = "SGLANG_DYNAMIC_EAGLE_CATCHUP_MIB"
 DEFAULT_CATCHUP_BUDGET_MIB = 1024
+CATCHUP_WINDOW_ENV = "SGLANG_DYNAMIC_EAGLE_CATCHUP_WINDOW"
 
 
 def catchup_budget_bytes() -> int:
@@ -55,26 +61,23 @@ def catchup_budget_bytes() -> int:
     return int(raw) * 1024 * 1024
 
 
-def choose_window(budget_bytes: int, req_pool_size: int, hidden_width: int, elem_bytes: int) -> int:
-    """Ring length per request slot that fits the memory budget (1..MAX_WINDOW)."""
-    per_position = req_pool_size * (hidden_width * elem_bytes + 8)
-    return max(1, min(MAX_WINDOW, budget_bytes // per_position))
+def catchup_max_window() -> int:
+    """Positions caught up per request at most, from the environment (checked at start-up)."""
+    raw = os.environ.get(CATCHUP_WINDOW_ENV, str(MAX_WINDOW))
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_WINDOW:
+        raise StartupError(
+            f"{CATCHUP_WINDOW_ENV}={raw!r} is invalid: set it to a whole number of positions "
+            f"from 1 to {MAX_WINDOW}, or unset it for the default ({MAX_WINDOW})."
+        )
+    return int(raw)
 
 
-# Below this many positions a plain stretch of ordinary length outruns the catch-up.
-SHORT_WINDOW = 32
-
-
-def short_window_advice(window: int, req_pool_size: int) -> Optional[str]:
-    """A warning for the operator when the stash's window is short, or None."""
-    if window >= SHORT_WINDOW:
-        return None
-    return (
-        f"the draft-KV catch-up keeps the last {window} plain-decoded positions of each of "
-        f"{req_pool_size} request slots; older ones keep stale draft KV when speculation "
-        f"resumes (acceptance only). --max-running-requests set to the real peak load, or a "
-        f"larger {CATCHUP_BUDGET_ENV} (MiB), lengthens it."
-    )
+def choose_ring_size(
+    budget_bytes: int, req_pool_size: int, hidden_width: int, elem_bytes: int
+) -> int:
+    """Ring entries that fit the memory budget, and never fewer than the request slots, so
+    that the latest plain step of every request is always still in the ring."""
+    return max(req_pool_size, budget_bytes // (hidden_width * elem_bytes + 8))
 
 
 def _with_rows(tensor: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -134,6 +137,8 @@ class CatchupPlan:
     rows: List[int]
     lengths: List[int]
     truncated_tokens: int
+    # The ring entries of the positions to catch up, row after row, oldest first.
+    ring_entries: List[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -141,23 +146,28 @@ class CatchupPlan:
 
 
 class DraftCatchup:
-    """Ring stash of plain-step inputs and the catch-up draft forward."""
+    """Ring stash of plain-step inputs, shared by all requests, and the catch-up draft
+    forward."""
 
     def __init__(
         self,
         *,
         req_pool_size: int,
-        window: int,
+        ring_size: int,
+        max_window: int,
         hidden_width: int,
         hidden_dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        self.window = window
-        self._tokens = torch.zeros((req_pool_size, window), dtype=torch.int64, device=device)
-        self._hidden = torch.zeros(
-            (req_pool_size, window, hidden_width), dtype=hidden_dtype, device=device
-        )
+        self.ring_size = ring_size
+        self.max_window = max_window
+        self._tokens = torch.zeros((ring_size,), dtype=torch.int64, device=device)
+        self._hidden = torch.zeros((ring_size, hidden_width), dtype=hidden_dtype, device=device)
+        self._written = 0  # ring entries written so far; entry n lives at n % ring_size
+        self._batch_offsets = torch.arange(req_pool_size, dtype=torch.int64, device=device)
         self._missed = [0] * req_pool_size
+        # Per request slot: the entries (numbers, not ring indices) of its latest plain steps.
+        self._entries: List[deque] = [deque(maxlen=max_window) for _ in range(req_pool_size)]
         self.device = device
         self.plain_step_lengths = PlainStepLengths(req_pool_size, device)
         self.gpu_time = GpuIntervals()
@@ -177,6 +187,7 @@ class DraftCatchup:
         """A prefill (re)built these requests' draft KV: nothing is missing."""
         for index in req_pool_indices:
             self._missed[index] = 0
+            self._entries[index].clear()
 
     def record_plain_step(
         self,
@@ -186,22 +197,42 @@ class DraftCatchup:
         input_ids: torch.Tensor,
         aux_hidden_states: torch.Tensor,
     ) -> None:
-        """Stash one plain step: GPU scatters only, no synchronisation."""
-        slots = positions % self.window
-        self._tokens[req_pool_indices, slots] = input_ids.to(torch.int64)
-        self._hidden[req_pool_indices, slots] = aux_hidden_states.to(self._hidden.dtype)
-        for index in req_pool_indices_cpu:
+        """Stash one plain step, one ring entry per request in batch order: GPU scatters only,
+        no synchronisation."""
+        first = self._written
+        count = len(req_pool_indices_cpu)
+        ring = (self._batch_offsets[:count] + first) % self.ring_size
+        self._tokens[ring] = input_ids.to(torch.int64)
+        self._hidden[ring] = aux_hidden_states.to(self._hidden.dtype)
+        for entry, index in enumerate(req_pool_indices_cpu, start=first):
             self._missed[index] += 1
+            self._entries[index].append(entry)
+        self._written = first + count
+
+    def _kept_entries(self, index: int) -> List[int]:
+        """The slot's newest entries that the ring still holds, oldest first."""
+        oldest_kept = self._written - self.ring_size
+        return [entry for entry in self._entries[index] if entry >= oldest_kept]
 
     def plan(self, req_pool_indices_cpu: Sequence[int]) -> CatchupPlan:
-        rows, lengths, truncated = [], [], 0
+        """The rows to catch up and their positions still in the ring. A row none of whose
+        positions is left (possible only if it missed the latest plain steps) is counted as
+        truncated and forgotten: its next proposal comes from the stub, acceptance only."""
+        rows, lengths, entries, truncated = [], [], [], 0
         for row, index in enumerate(req_pool_indices_cpu):
             missed = self._missed[index]
-            if missed:
+            if not missed:
+                continue
+            kept = self._kept_entries(index)[-missed:]
+            truncated += missed - len(kept)
+            if kept:
                 rows.append(row)
-                lengths.append(min(missed, self.window))
-                truncated += max(0, missed - self.window)
-        return CatchupPlan(rows=rows, lengths=lengths, truncated_tokens=truncated)
+                lengths.append(len(kept))
+                entries += kept
+            else:
+                self.forget([index])
+        return CatchupPlan(rows=rows, lengths=lengths, truncated_tokens=truncated,
+                           ring_entries=entries)
 
     def catch_up(
         self, draft_worker, batch: ScheduleBatch, plan_stream: Optional[torch.cuda.Stream]
@@ -273,13 +304,13 @@ class DraftCatchup:
             torch.cumsum(lengths, 0) - lengths, lengths, output_size=num_tokens
         )
         positions = starts + torch.arange(num_tokens, device=self.device) - first_token
-        ring_slots = positions % self.window
+        ring = self._on_device([entry % self.ring_size for entry in plan.ring_entries])
         req_to_token = draft_worker.req_to_token_pool.req_to_token
 
         sub_batch = copy.copy(batch)
         sub_batch.reqs = [batch.reqs[row] for row in plan.rows]
         sub_batch.forward_mode = ForwardMode.EXTEND
-        sub_batch.input_ids = self._tokens[token_req, ring_slots]
+        sub_batch.input_ids = self._tokens[ring]
         sub_batch.spec_info = None
         sub_batch.req_pool_indices = req_pool_indices
         sub_batch.req_pool_indices_cpu = batch.req_pool_indices_cpu[plan.rows]
@@ -305,4 +336,4 @@ class DraftCatchup:
         sub_batch.has_grammar = False
         if batch.sampling_info is not None:
             sub_batch.sampling_info = copy.copy(batch.sampling_info)
-        return sub_batch, self._hidden[token_req, ring_slots]
+        return sub_batch, self._hidden[ring]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Optional
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_dynamic_eagle.draft_catchup import catchup_budget_bytes
+from sglang_dynamic_eagle.draft_catchup import catchup_budget_bytes, catchup_max_window
 from sglang_dynamic_eagle.draft_prefill import draft_prefill_choice
 from sglang_dynamic_eagle.flags import ALGORITHM_NAME, current_flags
 
@@ -100,6 +100,7 @@ class DynamicEagleSpecAlgo(CustomSpecAlgo):
     def handle_server_args(self, server_args: ServerArgs) -> None:
         user_max_running_requests = server_args.max_running_requests
         catchup_budget_bytes()
+        catchup_max_window()
         draft_prefill_choice()
         _complete_chain_drafting(server_args)
         _EAGLE3.handle_server_args(server_args)

@@ -42,8 +42,8 @@ from sglang_dynamic_eagle.draft_catchup import (
     DraftCatchup,
     batch_req_pool_indices,
     catchup_budget_bytes,
-    choose_window,
-    short_window_advice,
+    catchup_max_window,
+    choose_ring_size,
 )
 from sglang_dynamic_eagle.draft_prefill import use_last_position_mlp
 from sglang_dynamic_eagle.flags import current_flags
@@ -110,13 +110,15 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._policy = self._new_policy(max_speculative_batch)
         logger.info(
             "EAGLE3_DYNAMIC: %s; speculative graphs up to batch %d, plain-decode graphs up "
-            "to batch %d; catch-up window %d positions (%.0f MiB); calibrated step costs "
+            "to batch %d; catch-up ring of %d entries (%.0f MiB, at most %d positions per "
+            "request); calibrated step costs "
             "(ms) plain %s, speculative %s.",
             self._policy_summary(),
             max_speculative_batch,
             self._plain_graphs.max_bs,
-            self._catchup.window,
+            self._catchup.ring_size,
             self._catchup.stash_bytes / 2**20,
+            self._catchup.max_window,
             self._costs.table.plain.as_dict(),
             self._costs.table.speculative.as_dict(),
         )
@@ -154,18 +156,16 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         req_pool_size = target_runner.req_to_token_pool.req_to_token.shape[0]
         hidden_width = get_draft_input_from_target_hidden_dim(self._draft_worker.draft_runner)
         hidden_dtype = target_runner.model_config.dtype
-        window = choose_window(
+        ring_size = choose_ring_size(
             catchup_budget_bytes(),
             req_pool_size,
             hidden_width,
             torch.tensor([], dtype=hidden_dtype).element_size(),
         )
-        advice = short_window_advice(window, req_pool_size)
-        if advice is not None:
-            logger.warning("EAGLE3_DYNAMIC: %s", advice)
         return DraftCatchup(
             req_pool_size=req_pool_size,
-            window=window,
+            ring_size=ring_size,
+            max_window=catchup_max_window(),
             hidden_width=hidden_width,
             hidden_dtype=hidden_dtype,
             device=target_runner.device,
@@ -361,7 +361,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             "max_plain_graph_batch": self._plain_graphs.max_bs,
             "plain_graph_capture_s": round(self._plain_graphs.capture_seconds, 2),
             "plain_graph_memory_gib": round(self._plain_graphs.capture_gib, 3),
-            "catchup_window": self._catchup.window,
+            "catchup_ring_entries": self._catchup.ring_size,
+            "catchup_max_window": self._catchup.max_window,
             "catchup_stash_mib": round(self._catchup.stash_bytes / 2**20, 1),
             "draft_prefill": "last-position" if self._last_position_draft_mlp else "full",
             **self.prefill_timer.report(),

@@ -8,7 +8,7 @@ from typing import Iterator, List
 
 import pytest
 
-from sglang_dynamic_eagle.draft_catchup import CATCHUP_BUDGET_ENV
+from sglang_dynamic_eagle.draft_catchup import CATCHUP_WINDOW_ENV
 from sglang_dynamic_eagle.unsupported import EXPERIMENTAL_TREES_ENV
 
 from gpu_servers import (
@@ -61,13 +61,13 @@ def tiny_servers() -> Iterator[LazyServers]:
         "tiny_dynamic_tree": common + ["--mem-fraction-static", "0.5",
                                        "--speculative-algorithm", "EAGLE3_DYNAMIC", *tree_draft,
                                        *FIXED_THRESHOLD_FLAGS],
-        # Negative control of the catch-up test: a 1 MiB stash leaves a window of 1 position.
+        # Negative control of the catch-up test: it catches up one position per request.
         "tiny_dynamic_window1": common + ["--mem-fraction-static", "0.5",
                                           "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                           *FIXED_THRESHOLD_FLAGS],
     }
     env = {**tiny_pair_server_env(), EXPERIMENTAL_TREES_ENV: "1"}
-    server_envs = {"tiny_dynamic_window1": {CATCHUP_BUDGET_ENV: "1"}}
+    server_envs = {"tiny_dynamic_window1": {CATCHUP_WINDOW_ENV: "1"}}
     servers = LazyServers(specs, env=env, server_envs=server_envs)
     try:
         yield servers
