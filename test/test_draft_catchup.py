@@ -20,6 +20,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import pytest
 import torch
 
+from sglang_dynamic_eagle import draft_catchup
 from sglang_dynamic_eagle.draft_catchup import (
     CATCHUP_WINDOW_ENV,
     MAX_WINDOW,
@@ -67,9 +68,7 @@ def _plain_step(catchup: DraftCatchup, entries: Sequence[Tuple[int, int]]) -> No
     slots = [slot for slot, _ in entries]
     positions = [position for _, position in entries]
     catchup.record_plain_step(
-        torch.tensor(slots, dtype=torch.int64),
         slots,
-        torch.tensor(positions, dtype=torch.int64),
         torch.tensor([_token(s, p) for s, p in entries], dtype=torch.int32),
         torch.tensor([_hidden_row(s, p) for s, p in entries], dtype=torch.bfloat16),
     )
@@ -216,12 +215,10 @@ def test_the_ring_wraps_around() -> None:
     assert catchup._tokens.tolist() == [1024, 3011, 1025, 1022, 1023, 3010]
 
 
-def test_record_plain_step_accepts_int32_positions() -> None:
+def test_record_plain_step_takes_int64_token_ids() -> None:
     catchup = _catchup()
     catchup.record_plain_step(
-        torch.tensor([2, 0]),
         [2, 0],
-        torch.tensor([9, 4], dtype=torch.int32),
         torch.tensor([2009, 4], dtype=torch.int64),
         torch.tensor([_hidden_row(2, 9), _hidden_row(0, 4)], dtype=torch.float32),
     )
@@ -515,8 +512,7 @@ def test_slots_come_from_the_batch_as_formed_not_from_finished_requests() -> Non
                   SimpleNamespace(req_pool_idx=1)]
     slots = batch_req_pool_indices(batch)
     assert slots == [5, 3, 1]
-    catchup.record_plain_step(batch.req_pool_indices, slots, batch.seq_lens,
-                              batch.input_ids, torch.zeros(3, HIDDEN))
+    catchup.record_plain_step(slots, batch.input_ids, torch.zeros(3, HIDDEN))
     assert catchup.plan(batch_req_pool_indices(batch)).rows == [0, 1, 2]
 
 
@@ -534,8 +530,7 @@ def test_catch_up_plans_a_batch_holding_a_finished_request() -> None:
     its req_pool_idx of None."""
     catchup = _catchup()
     batch = _batch(spec_info=SimpleNamespace())
-    catchup.record_plain_step(batch.req_pool_indices, [5, 3, 1], batch.seq_lens,
-                              batch.input_ids, torch.zeros(3, HIDDEN))
+    catchup.record_plain_step([5, 3, 1], batch.input_ids, torch.zeros(3, HIDDEN))
     batch.reqs = [SimpleNamespace(req_pool_idx=5), SimpleNamespace(req_pool_idx=None),
                   SimpleNamespace(req_pool_idx=1)]
     catchup.gpu_time = _NoGpuTime()
@@ -545,3 +540,22 @@ def test_catch_up_plans_a_batch_holding_a_finished_request() -> None:
                                    draft_tp_context=lambda group: contextlib.nullcontext())
     plan = catchup.catch_up(draft_worker, batch, plan_stream=None)
     assert plan is not None and plan.rows == [0, 1, 2] and ran == [plan]
+
+
+def test_extend_batch_gathers_across_the_ring_wrap() -> None:
+    catchup = _catchup(window=MAX_WINDOW, ring_size=6)  # entries 6, 7, 8 overwrote 0, 1, 2
+    _two_request_history(catchup)
+    sub, hidden = _extend(catchup, _batch(), catchup.plan([5, 3, 1]))
+    assert sub.input_ids.tolist() == [3010, 3011, 1022, 1023, 1024, 1025]
+    assert hidden[:, 1].tolist() == [10.0, 11.0, 22.0, 23.0, 24.0, 25.0]
+
+
+def test_a_catch_up_rebuilds_at_most_max_catchup_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three rows and a cap of 5 positions: each keeps its newest 5 // 3 = 1."""
+    monkeypatch.setattr(draft_catchup, "MAX_CATCHUP_TOKENS", 5)
+    catchup = _catchup()
+    _two_request_history(catchup)
+    _plain_step(catchup, [(0, 40), (3, 12), (1, 26)])
+    plan = catchup.plan([0, 3, 1])
+    assert plan == CatchupPlan(rows=[0, 1, 2], lengths=[1, 1, 1], truncated_tokens=0 + 2 + 6,
+                               ring_entries=[9, 10, 11])

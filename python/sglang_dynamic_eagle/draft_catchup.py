@@ -47,6 +47,10 @@ MAX_WINDOW = 256
 CATCHUP_BUDGET_ENV = "SGLANG_DYNAMIC_EAGLE_CATCHUP_MIB"
 DEFAULT_CATCHUP_BUDGET_MIB = 1024
 CATCHUP_WINDOW_ENV = "SGLANG_DYNAMIC_EAGLE_CATCHUP_WINDOW"
+# Positions one catch-up rebuilds at most, over all its requests (sglang's default prefill
+# chunk): the catch-up is one eager draft EXTEND forward, and 256 positions for each of 128
+# requests would make it a 32k-token one.
+MAX_CATCHUP_TOKENS = 8192
 
 
 def catchup_budget_bytes() -> int:
@@ -75,8 +79,8 @@ def catchup_max_window() -> int:
 def choose_ring_size(
     budget_bytes: int, req_pool_size: int, hidden_width: int, elem_bytes: int
 ) -> int:
-    """Ring entries that fit the memory budget, and never fewer than the request slots, so
-    that the latest plain step of every request is always still in the ring."""
+    """Ring entries that fit the memory budget, and never fewer than the request slots (even
+    above the budget), so that the latest plain step is always wholly in the ring."""
     return max(req_pool_size, budget_bytes // (hidden_width * elem_bytes + 8))
 
 
@@ -191,14 +195,13 @@ class DraftCatchup:
 
     def record_plain_step(
         self,
-        req_pool_indices: torch.Tensor,
         req_pool_indices_cpu: Sequence[int],
-        positions: torch.Tensor,
         input_ids: torch.Tensor,
         aux_hidden_states: torch.Tensor,
     ) -> None:
         """Stash one plain step, one ring entry per request in batch order: GPU scatters only,
-        no synchronisation."""
+        no synchronisation. A request is in every decode step from its prefill (or its last
+        catch-up) on, so a slot's entries are its consecutive latest positions."""
         first = self._written
         count = len(req_pool_indices_cpu)
         ring = (self._batch_offsets[:count] + first) % self.ring_size
@@ -211,19 +214,24 @@ class DraftCatchup:
 
     def _kept_entries(self, index: int) -> List[int]:
         """The slot's newest entries that the ring still holds, oldest first."""
+        entries = self._entries[index]
         oldest_kept = self._written - self.ring_size
-        return [entry for entry in self._entries[index] if entry >= oldest_kept]
+        if not entries or entries[0] >= oldest_kept:
+            return list(entries)
+        return [entry for entry in entries if entry >= oldest_kept]
 
     def plan(self, req_pool_indices_cpu: Sequence[int]) -> CatchupPlan:
-        """The rows to catch up and their positions still in the ring. A row none of whose
-        positions is left (possible only if it missed the latest plain steps) is counted as
-        truncated and forgotten: its next proposal comes from the stub, acceptance only."""
+        """The rows to catch up and their newest positions still in the ring, at most
+        ``MAX_CATCHUP_TOKENS`` in all (each row keeps an equal share of its newest ones). A
+        row none of whose positions is left (possible only if it missed the latest plain
+        steps) is counted as truncated and forgotten: its next proposal comes from the stub,
+        acceptance only."""
+        missing = [(row, index, self._missed[index])
+                   for row, index in enumerate(req_pool_indices_cpu) if self._missed[index]]
+        share = max(1, MAX_CATCHUP_TOKENS // len(missing)) if missing else 0
         rows, lengths, entries, truncated = [], [], [], 0
-        for row, index in enumerate(req_pool_indices_cpu):
-            missed = self._missed[index]
-            if not missed:
-                continue
-            kept = self._kept_entries(index)[-missed:]
+        for row, index, missed in missing:
+            kept = self._kept_entries(index)[-min(missed, share):]
             truncated += missed - len(kept)
             if kept:
                 rows.append(row)

@@ -87,7 +87,6 @@ class PlainDecodeStep:
     def run(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
         target_runner = self._target_worker.model_runner
         batch_size = len(batch.seq_lens)
-        positions = batch.seq_lens
         req_pool_indices_cpu = batch_req_pool_indices(batch)
         turn_into_decode_batch(batch, target_runner.req_to_token_pool.req_to_token)
         self._catchup.plain_step_lengths.publish(req_pool_indices_cpu, batch.seq_lens)
@@ -113,11 +112,7 @@ class PlainDecodeStep:
         next_token_ids = self._sample(batch, forward_batch, logits_output)
 
         self._catchup.record_plain_step(
-            batch.req_pool_indices,
-            req_pool_indices_cpu,
-            positions,
-            batch.input_ids,
-            logits_output.hidden_states,
+            req_pool_indices_cpu, batch.input_ids, logits_output.hidden_states
         )
         return GenerationBatchResult(
             logits_output=logits_output,

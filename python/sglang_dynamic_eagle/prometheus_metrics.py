@@ -25,7 +25,8 @@ COUNTERS: Dict[str, str] = {
     "switches_to_speculative": "Switches from plain to speculative decoding.",
     "catchup_forwards": "Draft-KV catch-up forwards run when speculation resumed.",
     "catchup_tokens": "Positions caught up in the draft KV cache.",
-    "catchup_truncated_tokens": "Missed positions beyond the catch-up window (stale draft KV).",
+    "catchup_truncated_tokens": "Missed positions not caught up (older than the catch-up "
+    "window or the stash kept; stale draft KV).",
     "prefill_batches": "Prefill batches whose GPU time was measured.",
     "prefill_tokens": "Prompt tokens of those prefill batches.",
     "prefill_target_gpu_ms": "GPU milliseconds of their target extends.",
