@@ -1,12 +1,16 @@
 """EAGLE3_DYNAMIC on the 8B-shaped dummy model (bf16): losslessness across
-many switches, plain-graph use, capacity beyond EAGLE's 48 requests, and the
-automatic policy (the default) on a model whose drafts are never accepted, and prefills and
-plain steps that never make the host wait for the GPU (every server of this module runs with
-SGLANG_DYNAMIC_EAGLE_SYNC_CHECK=1).
+many switches, judged beside sglang's EAGLE3 on the same prompts, plain-graph use, capacity
+beyond EAGLE's 48 requests, and the automatic policy (the default) on a model whose drafts are
+never accepted, and prefills and plain steps that never make the host wait for the GPU (every
+EAGLE3_DYNAMIC server of this module runs with SGLANG_DYNAMIC_EAGLE_SYNC_CHECK=1).
 
-Dummy weights give nearly flat logits, so a differing token counts as a
-numerical tie only if the plain server's top-2 logprob margin there is below
-1e-3; any other difference fails.
+Outputs are compared with a plain server's by the bf16 rule of ``token_comparison``: a first
+difference passes only as a tie (plain top-2 margin below 1e-3) or as a bf16 flip to the plain
+server's second choice within 4 units in the last place of the top logits. A negative control
+(a server whose plain steps write their K/V one slot early, from the test plugin) must fail it.
+
+Servers start on first use, so a ``-k`` selection starts only what it needs; all five fit on one
+H200 at once (each KV pool capped by ``--max-total-tokens``).
 """
 
 from __future__ import annotations
@@ -22,15 +26,14 @@ import pytest
 
 from gpu_servers import (
     FIXED_THRESHOLD_FLAGS,
+    LazyServers,
     assert_lossless_across_switches,
-    compare_with_plain,
     dummy8b_args,
     dummy_weights_env,
-    first_difference,
     make_prompts,
-    running_servers,
     send_in_waves,
 )
+from token_comparison import BF16_FLIP_MARGIN, compare_outputs, first_difference
 
 from sglang_dynamic_eagle.host_syncs import SYNC_CHECK_ENV
 
@@ -40,24 +43,41 @@ NUM_PROMPTS = 64
 WAVE_SIZE = 4
 
 
+# Each server's KV pool is capped (6 GiB of target KV) so that all five fit beside each other in
+# whatever order they start; the largest load here (24 prompts of 1000 tokens) needs 24k tokens.
+MEMORY_FLAGS = ["--mem-fraction-static", "0.6", "--max-total-tokens", "49152"]
+BREAK_PLAIN_STEP_ENV = "SGLANG_DE_TEST_BREAK_PLAIN_STEP"
+
+
 @pytest.fixture(scope="module")
 def servers(kit_models):
     target, draft = dummy8b_args(kit_models)
+    dynamic = ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft]
     specs = {
-        "plain": target + ["--mem-fraction-static", "0.4"],
-        "dynamic": target + ["--mem-fraction-static", "0.5",
-                             "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *FIXED_THRESHOLD_FLAGS],
-        "dynamic_auto": target + ["--mem-fraction-static", "0.75",
-                                  "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft],
+        "plain": target + MEMORY_FLAGS,
+        "dynamic": target + MEMORY_FLAGS + dynamic + FIXED_THRESHOLD_FLAGS,
+        "dynamic_auto": target + MEMORY_FLAGS + dynamic,
+        "eagle3": target + MEMORY_FLAGS + ["--speculative-algorithm", "EAGLE3", *draft],
+        "dynamic_broken": target + MEMORY_FLAGS + dynamic + FIXED_THRESHOLD_FLAGS,
     }
-    with running_servers(specs, env={**dummy_weights_env(), SYNC_CHECK_ENV: "1"}) as started:
+    dynamic_env = {SYNC_CHECK_ENV: "1"}
+    started = LazyServers(
+        specs,
+        env=dummy_weights_env(),
+        server_envs={"dynamic": dynamic_env, "dynamic_auto": dynamic_env,
+                     "dynamic_broken": {BREAK_PLAIN_STEP_ENV: "kv-slot"}},
+    )
+    try:
         yield started
+    finally:
+        started.stop_all()
 
 
 def test_lossless_across_switches(servers):
     prompts = make_prompts(NUM_PROMPTS, seed=1)
     counters = assert_lossless_across_switches(
-        servers["dynamic"], servers["plain"], prompts, WAVE_SIZE, "lossless")
+        servers["dynamic"], servers["plain"], prompts, WAVE_SIZE, "lossless",
+        reference=servers["eagle3"])
     assert counters["plain_steps"] > 0 and counters["speculative_steps"] > 0
     # Verify results are attributed to steps in launch order; a result of another size than its
     # step would mean the acceptance estimate reads the wrong steps.
@@ -85,8 +105,8 @@ def test_runs_more_than_48_requests_at_once(servers):
 
 
 def test_logprob_requests_in_both_modes(servers):
-    """Requests asking for logprobs get one per output token in either mode, and the
-    plain-mode logprobs match the plain server's."""
+    """Requests asking for logprobs get one per output token in either mode, and up to the
+    first difference they match the plain server's within the bf16 flip margin."""
     prompts = make_prompts(8, seed=3)
     dynamic = send_in_waves(servers["dynamic"], prompts, wave_size=8, top_logprobs_num=2)
     alone = send_in_waves(servers["dynamic"], prompts[:1], wave_size=1, top_logprobs_num=2)
@@ -102,7 +122,7 @@ def test_logprob_requests_in_both_modes(servers):
             d["meta_info"]["output_token_logprobs"][:length],
             p["meta_info"]["output_token_logprobs"][:length],
         ):
-            assert abs(dyn_logprob - plain_logprob) < 0.05
+            assert abs(dyn_logprob - plain_logprob) <= BF16_FLIP_MARGIN
 
 
 def test_automatic_policy_measures_costs_and_stays_plain_without_acceptance(servers):
@@ -114,16 +134,16 @@ def test_automatic_policy_measures_costs_and_stays_plain_without_acceptance(serv
     outputs = send_in_waves(auto, prompts, wave_size=8)
     plain = send_in_waves(servers["plain"], prompts, wave_size=8, top_logprobs_num=2)
     report = auto.dynamic_counters()
-    ties, failures = compare_with_plain(outputs, plain)
+    comparison = compare_outputs(outputs, plain, BF16_FLIP_MARGIN)
     print(
-        f"automatic policy: ties {ties}, failures {failures}, policy {report['policy']}, "
+        f"automatic policy: {comparison.summary()}, policy {report['policy']}, "
         f"acceptance {report['acceptance_estimate']}, crossover {report['crossover_batch']}, "
         f"probes {report['probes']}, speculative steps {report['speculative_steps']}, plain "
         f"steps {report['plain_steps']}, plain ms {report['plain_step_ms']}, speculative ms "
         f"{report['speculative_step_ms']}"
     )
     assert report["policy"] == "auto"
-    assert not failures
+    assert not comparison.failures
     assert report["switches_to_plain"] >= 1
     assert report["plain_steps"] > 10 * report["speculative_steps"]
     assert report["acceptance_estimate"] < 1.2
@@ -159,13 +179,13 @@ def test_bad_token_ids_are_refused_while_the_load_is_served(servers, kit_models)
         outputs = [future.result() for future in load]
         statuses = [future.result() for future in refused]
     plain = send_in_waves(servers["plain"], prompts, wave_size=16, top_logprobs_num=2)
-    ties, failures = compare_with_plain(outputs, plain)
+    comparison = compare_outputs(outputs, plain, BF16_FLIP_MARGIN)
     health = urllib.request.urlopen(server.url + "/health", timeout=30).status
-    print(f"bad token ids: statuses {statuses}, load ties {ties}, failures {failures}, health {health}")
+    print(f"bad token ids: statuses {statuses}, load {comparison.summary()}, health {health}")
     assert [status for status, _ in statuses] == [400, 400]
     assert "input_ids[1] is -2" in statuses[0][1]
     assert f"input_ids[1] is {vocab_size}" in statuses[1][1]
-    assert not failures
+    assert not comparison.failures
     assert health == 200
 
 
@@ -185,7 +205,7 @@ def test_prefills_and_plain_steps_do_not_wait_for_the_gpu(servers):
     plain = send_in_waves(servers["plain"], long_prompts, wave_size=24, top_logprobs_num=2)
     plain += send_in_waves(servers["plain"], make_prompts(16, seed=7), WAVE_SIZE,
                            top_logprobs_num=2)
-    ties, failures = compare_with_plain(dynamic, plain)
+    comparison = compare_outputs(dynamic, plain, BF16_FLIP_MARGIN)
     counters = servers["dynamic"].dynamic_counters()
     syncs = counters["host_syncs"]
     waiting = {site: count for site, count in syncs.items()
@@ -193,9 +213,22 @@ def test_prefills_and_plain_steps_do_not_wait_for_the_gpu(servers):
     print(
         f"host syncs {syncs}; prefill batches {counters['prefill_batches']}, target / draft "
         f"GPU ms {counters['prefill_target_gpu_ms']} / {counters['prefill_draft_gpu_ms']}, "
-        f"draft prefill {counters['draft_prefill']}; ties {ties}, failures {failures}"
+        f"draft prefill {counters['draft_prefill']}; {comparison.summary()}"
     )
-    assert not failures
+    assert not comparison.failures
     assert counters["plain_steps"] > 0 and counters["prefill_batches"] > 0
     assert counters["prefill_draft_gpu_ms"] > 0 and counters["draft_prefill"] == "last-position"
     assert not waiting
+
+
+def test_negative_control_a_plain_step_writing_kv_one_slot_early_fails(servers):
+    """The comparison that the lossless tests pass must fail on a broken plain step."""
+    prompts = make_prompts(16, seed=8)
+    broken = send_in_waves(servers["dynamic_broken"], prompts, WAVE_SIZE)
+    plain = send_in_waves(servers["plain"], prompts, WAVE_SIZE, top_logprobs_num=2)
+    comparison = compare_outputs(broken, plain, BF16_FLIP_MARGIN)
+    counters = servers["dynamic_broken"].dynamic_counters()
+    print(f"negative control (K/V one slot early): {comparison.summary()}; plain steps "
+          f"{counters['plain_steps']}")
+    assert counters["plain_steps"] > 0
+    assert len(comparison.failures) >= len(prompts) // 4

@@ -29,7 +29,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import pytest
 
-from gpu_servers import first_difference
+from token_comparison import first_difference
 
 pytestmark = pytest.mark.gpu
 

@@ -37,11 +37,11 @@ import pytest
 
 from gpu_servers import (
     TINY_PAIR,
-    first_difference,
     running_servers,
     tiny_pair_args,
     tiny_pair_server_env,
 )
+from token_comparison import first_difference
 
 pytestmark = pytest.mark.gpu
 

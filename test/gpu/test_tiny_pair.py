@@ -28,13 +28,13 @@ from pathlib import Path
 
 import pytest
 
-from gpu_servers import TINY_PAIR, first_difference, top2_margin
+from gpu_servers import TINY_PAIR
 from gpu_servers import TINY_PAIR_DTYPE as DTYPE
+from token_comparison import TIE_MARGIN, first_difference, top2_margin
 
 pytestmark = pytest.mark.gpu
 
 MIN_ACCEPT_LENGTH = 2.0
-TIE_MARGIN = 1e-3
 
 
 @dataclass

@@ -1,0 +1,116 @@
+"""How the GPU tests compare a server's greedy outputs with a plain server's.
+
+Every output is compared at its first differing position, where both servers had the same
+prefix; the plain server's top-2 logprobs there (requested with ``top_logprobs_num=2``) say how
+close its choice was.
+
+* float32 servers (the tiny pair): a difference counts as a numerical tie only where the plain
+  top-2 margin is below ``TIE_MARGIN`` (1e-3); every other difference fails.
+* bf16 servers also allow a *bf16 flip*: the other server's token is the plain server's second
+  choice and the plain top-2 margin is at most ``BF16_FLIP_MARGIN``. The logits are bf16; the
+  8B-shaped dummy model's top logits lie in [4, 8), where one unit in the last place is 0.03125
+  (every margin measured on it is a multiple of that), and a kernel that reduces a row in another
+  order (a verify over 4 tokens against a decode over one, a batch of another size, a KV entry
+  written by another kernel) moves a logit by a few units. Such a difference is not a tie under
+  the 1e-3 rule, and sglang's own EAGLE3 server makes it too (the 8B-shaped lossless test
+  measures both). A token outside the plain top two, or a second choice beaten by more than
+  the margin, fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+TIE_MARGIN = 1e-3
+BF16_ULP_OF_TOP_LOGITS = 0.03125
+BF16_FLIP_MARGIN = 4 * BF16_ULP_OF_TOP_LOGITS
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
+    for index, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def top_two(plain_output: dict, position: int) -> List[tuple]:
+    """The plain server's two best (logprob, token id) at one output position, best first."""
+    entries = plain_output["meta_info"]["output_top_logprobs"][position]
+    return sorted(((entry[0], entry[1]) for entry in entries), reverse=True)[:2]
+
+
+def top2_margin(plain_output: dict, position: int) -> float:
+    """Top-1 minus top-2 logprob of the plain server at one output position."""
+    (best, _), (second, _) = top_two(plain_output, position)
+    return best - second
+
+
+@dataclass(frozen=True)
+class FirstDifference:
+    prompt: int
+    position: int
+    margin: float  # the plain server's top-2 logprob margin there
+    runner_up: bool  # the other server's token there is the plain server's second choice
+
+    def as_tuple(self) -> tuple:
+        return (self.prompt, self.position, round(self.margin, 5), self.runner_up)
+
+
+@dataclass
+class Comparison:
+    ties: List[FirstDifference] = field(default_factory=list)
+    flips: List[FirstDifference] = field(default_factory=list)
+    failures: List[FirstDifference] = field(default_factory=list)
+
+    @property
+    def above_tie_margin(self) -> int:
+        """Differences that the 1e-3 tie rule alone would fail."""
+        return len(self.flips) + len(self.failures)
+
+    def summary(self) -> str:
+        largest_flip = max((d.margin for d in self.flips), default=0.0)
+        return (
+            f"ties {len(self.ties)}, bf16 flips {len(self.flips)} (largest margin "
+            f"{largest_flip:.5f}), failures {[d.as_tuple() for d in self.failures]}"
+        )
+
+
+def classify(
+    prompt: int, output: dict, plain_output: dict, flip_margin: Optional[float]
+) -> Optional[tuple]:
+    """(kind, FirstDifference) of one output against the plain server's, or None if equal.
+    ``flip_margin`` None: the float32 rule (ties only)."""
+    output_ids, plain_ids = output["output_ids"], plain_output["output_ids"]
+    position = first_difference(output_ids, plain_ids)
+    if position is None:
+        return None
+    if position >= min(len(output_ids), len(plain_ids)):
+        return "failures", FirstDifference(prompt, position, float("inf"), False)
+    (best, _), (second, second_id) = top_two(plain_output, position)
+    margin = best - second
+    difference = FirstDifference(prompt, position, margin, output_ids[position] == second_id)
+    if margin < TIE_MARGIN:
+        return "ties", difference
+    if flip_margin is not None and difference.runner_up and margin <= flip_margin:
+        return "flips", difference
+    return "failures", difference
+
+
+def compare_outputs(
+    outputs: Sequence[dict], plain: Sequence[dict], flip_margin: Optional[float]
+) -> Comparison:
+    """Every output against the plain server's output of the same prompt."""
+    comparison = Comparison()
+    for prompt, (output, plain_output) in enumerate(zip(outputs, plain)):
+        classified = classify(prompt, output, plain_output, flip_margin)
+        if classified is not None:
+            kind, difference = classified
+            getattr(comparison, kind).append(difference)
+    return comparison
+
+
+def flip_allowance(reference_flips: int) -> int:
+    """How many more bf16 flips than the reference server's (sglang's EAGLE3 on the same
+    prompts) a server may show: two standard deviations of a count of that size, plus 3."""
+    return int(2 * reference_flips**0.5) + 3

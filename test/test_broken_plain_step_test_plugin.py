@@ -1,0 +1,86 @@
+"""The test-only negative-control plugin (test/gpu/native_ops_plugin/sglang_de_broken_plain_step.py)."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator
+
+import pytest
+import torch
+
+from sglang_dynamic_eagle import plain_step
+
+PLUGIN_PATH = Path(__file__).parent / "gpu" / "native_ops_plugin" / "sglang_de_broken_plain_step.py"
+BREAK_ENV = "SGLANG_DE_TEST_BREAK_PLAIN_STEP"
+
+
+def _load_plugin():
+    spec = importlib.util.spec_from_file_location("sglang_de_broken_plain_step", PLUGIN_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def restore_plain_step() -> Iterator[None]:
+    original = plain_step.turn_into_decode_batch
+    yield
+    plain_step.turn_into_decode_batch = original
+
+
+def decode_batch() -> SimpleNamespace:
+    bonus = torch.tensor([11, 12])
+    return SimpleNamespace(
+        seq_lens=torch.tensor([3, 5]),
+        seq_lens_cpu=None,
+        seq_lens_sum=None,
+        reqs=[None, None],
+        req_pool_indices=torch.tensor([0, 1]),
+        spec_info=SimpleNamespace(bonus_tokens=bonus),
+    )
+
+
+REQ_TO_TOKEN = torch.arange(20).reshape(2, 10) + 100
+
+
+def test_without_env_nothing_changes(restore_plain_step, monkeypatch) -> None:
+    monkeypatch.delenv(BREAK_ENV, raising=False)
+    original = plain_step.turn_into_decode_batch
+    _load_plugin().register()
+    assert plain_step.turn_into_decode_batch is original
+
+
+def test_kv_slot_writes_each_plain_token_into_the_previous_positions_slot(
+    restore_plain_step, monkeypatch
+) -> None:
+    correct = decode_batch()
+    plain_step.turn_into_decode_batch(correct, REQ_TO_TOKEN)
+    assert correct.out_cache_loc.tolist() == [103, 115]
+
+    monkeypatch.setenv(BREAK_ENV, "kv-slot")
+    _load_plugin().register()
+    broken = decode_batch()
+    plain_step.turn_into_decode_batch(broken, REQ_TO_TOKEN)
+    assert broken.out_cache_loc.tolist() == [102, 114]
+    assert broken.seq_lens.tolist() == correct.seq_lens.tolist() == [4, 6]
+    assert broken.input_ids.tolist() == [11, 12]
+
+
+def test_a_bad_value_is_refused(restore_plain_step, monkeypatch) -> None:
+    monkeypatch.setenv(BREAK_ENV, "everything")
+    with pytest.raises(ValueError, match=BREAK_ENV):
+        _load_plugin().register()
+
+
+def test_registers_in_a_fresh_interpreter() -> None:
+    """sglang's launcher calls plugins before it has imported its scheduler modules."""
+    code = (
+        "import importlib.util, os; os.environ[%r] = 'kv-slot'; "
+        "spec = importlib.util.spec_from_file_location('p', %r); "
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); m.register(); "
+        "from sglang_dynamic_eagle import plain_step; "
+        "assert plain_step.turn_into_decode_batch.__name__ == 'write_kv_one_slot_early'"
+    ) % (BREAK_ENV, str(PLUGIN_PATH))
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -1,0 +1,79 @@
+"""The GPU tests' output comparison rules (test/gpu/token_comparison.py), on hand-made outputs."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+MODULE_PATH = Path(__file__).parent / "gpu" / "token_comparison.py"
+_spec = importlib.util.spec_from_file_location("token_comparison", MODULE_PATH)
+token_comparison = importlib.util.module_from_spec(_spec)
+sys.modules["token_comparison"] = token_comparison  # dataclasses look their module up
+_spec.loader.exec_module(token_comparison)
+
+BF16 = token_comparison.BF16_FLIP_MARGIN
+
+
+def plain_output(ids, top_two_at):
+    """A plain server's output whose top-2 (logprob, token id) at each position are given."""
+    return {
+        "output_ids": ids,
+        "meta_info": {
+            "output_top_logprobs": [
+                [(best, ids[i], None), (second, second_id, None)]
+                for i, (best, second, second_id) in enumerate(top_two_at)
+            ]
+        },
+    }
+
+
+PLAIN = plain_output([5, 6, 7], [(-0.5, -1.5, 9), (-1.0, -1.0625, 8), (-0.2, -0.2004, 4)])
+
+
+def compare(ids, flip_margin):
+    return token_comparison.compare_outputs([{"output_ids": ids}], [PLAIN], flip_margin)
+
+
+def test_equal_outputs_have_no_differences() -> None:
+    comparison = compare([5, 6, 7], BF16)
+    assert (comparison.ties, comparison.flips, comparison.failures) == ([], [], [])
+
+
+def test_a_difference_below_the_tie_margin_is_a_tie_under_both_rules() -> None:
+    for flip_margin in (None, BF16):
+        comparison = compare([5, 6, 4], flip_margin)
+        assert [(d.prompt, d.position) for d in comparison.ties] == [(0, 2)]
+        assert not comparison.failures and comparison.above_tie_margin == 0
+
+
+def test_a_runner_up_within_the_bf16_margin_is_a_flip_only_under_the_bf16_rule() -> None:
+    bf16 = compare([5, 8, 7], BF16)
+    assert [d.as_tuple() for d in bf16.flips] == [(0, 1, 0.0625, True)]
+    assert not bf16.failures and bf16.above_tie_margin == 1
+    float32 = compare([5, 8, 7], None)
+    assert [d.as_tuple() for d in float32.failures] == [(0, 1, 0.0625, True)]
+
+
+def test_a_token_outside_the_plain_top_two_fails_even_at_a_small_margin() -> None:
+    comparison = compare([5, 3, 7], BF16)
+    assert [d.as_tuple() for d in comparison.failures] == [(0, 1, 0.0625, False)]
+
+
+def test_a_runner_up_beyond_the_bf16_margin_fails() -> None:
+    comparison = compare([9, 6, 7], BF16)
+    assert [d.as_tuple() for d in comparison.failures] == [(0, 0, 1.0, True)]
+
+
+def test_a_shorter_output_fails() -> None:
+    comparison = compare([5, 6], BF16)
+    assert [d.position for d in comparison.failures] == [2]
+
+
+def test_the_bf16_margin_is_four_units_of_the_top_logits() -> None:
+    assert BF16 == pytest.approx(4 * 2.0**-5)
+
+
+def test_flip_allowance_grows_with_the_reference_count() -> None:
+    assert token_comparison.flip_allowance(0) == 3
+    assert token_comparison.flip_allowance(36) == 15
