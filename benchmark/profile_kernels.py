@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Profile the GPU kernels of a few forward steps of each configuration under the same load.
+
+For each configuration: start its server (the sweep's command line), keep ``--concurrency``
+requests of random token ids running, and after ``--warmup-s`` ask sglang's ``/start_profile``
+for a GPU trace of ``--profile-steps`` scheduler forward steps; then summarise every trace
+(``sweeplib.kernel_profile``) into ``profile.md``: GPU busy time, idle share, and the top
+kernels per prompt token. A diagnostic, not a benchmark: it answers where GPU time goes, e.g.
+
+    python3 benchmark/profile_kernels.py --model-path M --draft-model-path D --load-format dummy \\
+        --configs plain,dynamic --input-len 1024 --output-len 2 --concurrency 64 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import shlex
+import sys
+import threading
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sweeplib import configs, kernel_profile, server
+
+logger = logging.getLogger("profile_kernels")
+
+TRACE_WAIT_S = 180.0
+START_PROFILE_TIMEOUT_S = 300.0  # sglang answers once the profiled window has ended
+REQUEST_TIMEOUT_S = 600.0
+LOG_TAIL_LINES = 60
+
+
+class RequestLoad:
+    """``concurrency`` threads that each send one greedy request after another until stopped."""
+
+    def __init__(self, base_url: str, concurrency: int, input_len: int, output_len: int,
+                 seed: int) -> None:
+        self._url = base_url + "/generate"
+        self._input_len = input_len
+        self._output_len = output_len
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, args=(seed + i,), daemon=True)
+                         for i in range(concurrency)]
+        self.completed = 0
+        self.failed = 0
+
+    def _loop(self, seed: int) -> None:
+        rng = random.Random(seed)
+        while not self._stop.is_set():
+            payload = {
+                "input_ids": [rng.randrange(3, 8000) for _ in range(self._input_len)],
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": self._output_len,
+                                    "ignore_eos": True},
+            }
+            request = urllib.request.Request(self._url, data=json.dumps(payload).encode(),
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+                    response.read()
+                self.completed += 1
+            except OSError:
+                self.failed += 1
+                if not self._stop.is_set():
+                    time.sleep(1.0)
+
+    def __enter__(self) -> RequestLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=REQUEST_TIMEOUT_S)
+
+
+def start_profile(base_url: str, trace_dir: Path, profile_id: str, steps: int) -> Path:
+    """Ask for a GPU trace of the next ``steps`` forward steps; the path it will be written to."""
+    body = {"output_dir": str(trace_dir), "num_steps": steps, "activities": ["GPU"],
+            "profile_id": profile_id, "with_stack": False, "record_shapes": False}
+    request = urllib.request.Request(base_url + "/start_profile", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=START_PROFILE_TIMEOUT_S) as response:
+        response.read()
+    return trace_dir / f"{profile_id}-TP-0.trace.json.gz"
+
+
+def wait_for_trace(path: Path, timeout_s: float) -> None:
+    """The trace is complete once its size stops changing (sglang writes it after the window)."""
+    deadline = time.monotonic() + timeout_s
+    last_size = -1
+    while time.monotonic() < deadline:
+        size = path.stat().st_size if path.exists() else -1
+        if size > 0 and size == last_size:
+            return
+        last_size = size
+        time.sleep(2.0)
+    raise TimeoutError(f"no complete trace at {path} after {timeout_s:.0f} s")
+
+
+def profile_config(config: str, setup: configs.ServerSetup, env: dict[str, str],
+                   args: argparse.Namespace, out_dir: Path) -> kernel_profile.KernelSummary:
+    base_url = server.base_url_of(setup.host, setup.port)
+    log_path = out_dir / f"server_{config}.log"
+    running = server.start_server(config, configs.server_command(config, setup), env, log_path,
+                                  base_url)
+    try:
+        server.wait_until_healthy(running, args.server_timeout_s, LOG_TAIL_LINES)
+        with RequestLoad(base_url, args.concurrency, args.input_len, args.output_len,
+                         args.seed) as load:
+            time.sleep(args.warmup_s)
+            trace = start_profile(base_url, out_dir / "traces", config, args.profile_steps)
+            wait_for_trace(trace, TRACE_WAIT_S)
+        logger.info("[%s] trace %s; %d requests completed, %d failed", config, trace,
+                    load.completed, load.failed)
+        return kernel_profile.summarise_trace(trace, log_path)
+    finally:
+        server.stop_server(running)
+
+
+def parse_env(assignments: list[str]) -> dict[str, str]:
+    env = {}
+    for assignment in assignments:
+        name, sep, value = assignment.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--server-env needs NAME=VALUE, got {assignment!r}")
+        env[name] = value
+    return env
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--draft-model-path")
+    parser.add_argument("--load-format")
+    parser.add_argument("--configs", default="plain,dynamic")
+    parser.add_argument("--common-args", default=configs.DEFAULT_COMMON_ARGS)
+    parser.add_argument("--dynamic-args", default="")
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--input-len", type=int, default=1024)
+    parser.add_argument("--output-len", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--warmup-s", type=float, default=20.0,
+                        help="seconds of load before the profiled window (compiles, graphs)")
+    parser.add_argument("--profile-steps", type=int, default=16,
+                        help="scheduler forward steps in the profiled window")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--server-timeout-s", type=float, default=600.0)
+    parser.add_argument("--out", required=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    args = build_parser().parse_args(argv)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    setup = configs.ServerSetup(
+        model_path=args.model_path, draft_model_path=args.draft_model_path,
+        load_format=args.load_format, host=args.host, port=args.port,
+        common_args=tuple(shlex.split(args.common_args)),
+        dynamic_args=tuple(shlex.split(args.dynamic_args)), adaptive_config_path=None,
+        spec_shape=configs.SpeculativeShape(),
+    )
+    env = parse_env(args.server_env)
+    summaries = {config: profile_config(config, setup, env, args, out_dir)
+                 for config in configs.parse_config_list(args.configs)}
+    command = shlex.join([sys.executable] + sys.argv)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    (out_dir / "profile.md").write_text(
+        f"# Kernel profile\n\n- {started}\n- `{command}`\n\n"
+        + kernel_profile.comparison_markdown(summaries))
+    (out_dir / "summaries.json").write_text(json.dumps(
+        {config: vars(summary) for config, summary in summaries.items()}, indent=1))
+    print((out_dir / "profile.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Summaries of the GPU kernel traces that sglang's ``/start_profile`` writes.
+
+A trace is a Chrome trace (``*.trace.json.gz``) of a window of scheduler forward steps. The
+summary holds, for the window: the kernels' summed GPU time by name, the GPU's busy time (the
+union of kernel intervals) against the span from the first kernel's start to the last one's
+end (the rest is the GPU waiting for the host), and the prompt tokens that the server log says
+its prefill batches carried in that window, so that servers can be compared per token.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Sequence, Tuple
+
+GPU_EVENT_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+PROFILE_START = "Profiling starts"
+PROFILE_DONE = "Profiling done"
+PREFILL_TOKENS = re.compile(r"Prefill batch.*#new-token: (\d+)")
+
+
+@dataclass
+class KernelSummary:
+    busy_us: float = 0.0
+    span_us: float = 0.0
+    kernels: int = 0
+    by_name_us: Dict[str, float] = field(default_factory=dict)
+    prefill_batches: int = 0
+    prefill_tokens: int = 0
+
+    @property
+    def idle_share(self) -> float:
+        return 1 - self.busy_us / self.span_us if self.span_us else 0.0
+
+    def per_token_us(self, value_us: float) -> float:
+        return value_us / self.prefill_tokens if self.prefill_tokens else 0.0
+
+
+def gpu_intervals(events: Iterable[dict]) -> List[Tuple[str, float, float]]:
+    """(name, start, end) in microseconds of every GPU event of a trace's ``traceEvents``."""
+    return [
+        (event.get("name", "?"), float(event["ts"]), float(event["ts"]) + float(event["dur"]))
+        for event in events
+        if event.get("ph") == "X" and event.get("cat") in GPU_EVENT_CATEGORIES
+    ]
+
+
+def union_length(intervals: Sequence[Tuple[float, float]]) -> float:
+    total, current_start, current_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if current_end is None or start > current_end:
+            if current_end is not None:
+                total += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    if current_end is not None:
+        total += current_end - current_start
+    return total
+
+
+def summarise_events(events: Iterable[dict]) -> KernelSummary:
+    intervals = gpu_intervals(events)
+    summary = KernelSummary(kernels=len(intervals))
+    if not intervals:
+        return summary
+    by_name: Dict[str, float] = defaultdict(float)
+    for name, start, end in intervals:
+        by_name[name] += end - start
+    summary.by_name_us = dict(by_name)
+    summary.busy_us = union_length([(start, end) for _, start, end in intervals])
+    summary.span_us = max(end for _, _, end in intervals) - min(start for _, start, _ in intervals)
+    return summary
+
+
+def prefill_in_profile_window(log_lines: Iterable[str]) -> Tuple[int, int]:
+    """(prefill batches, prompt tokens) logged between the profiler's start and end lines;
+    (0, 0) while the window has not ended."""
+    batches = tokens = 0
+    inside = False
+    for line in log_lines:
+        if PROFILE_START in line:
+            inside, batches, tokens = True, 0, 0
+        elif PROFILE_DONE in line and inside:
+            return batches, tokens
+        elif inside:
+            match = PREFILL_TOKENS.search(line)
+            if match:
+                batches += 1
+                tokens += int(match.group(1))
+    return 0, 0
+
+
+def summarise_trace(trace_path: Path, server_log: Path) -> KernelSummary:
+    with gzip.open(trace_path, "rt") as trace:
+        events = json.load(trace).get("traceEvents", [])
+    summary = summarise_events(events)
+    summary.prefill_batches, summary.prefill_tokens = prefill_in_profile_window(
+        server_log.read_text(errors="replace").splitlines()
+    )
+    return summary
+
+
+def _short(name: str, width: int = 70) -> str:
+    name = name.replace("|", "/")
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def comparison_markdown(summaries: Dict[str, KernelSummary], top: int = 25) -> str:
+    """Totals per prompt token and the ``top`` kernels by time, side by side."""
+    configs = list(summaries)
+    lines = ["| | " + " | ".join(configs) + " |", "| --- |" + " --- |" * len(configs)]
+    rows = [
+        ("prefill batches in the window", lambda s: f"{s.prefill_batches}"),
+        ("prompt tokens in the window", lambda s: f"{s.prefill_tokens}"),
+        ("kernels", lambda s: f"{s.kernels}"),
+        ("GPU busy (ms)", lambda s: f"{s.busy_us / 1000:.1f}"),
+        ("span (ms)", lambda s: f"{s.span_us / 1000:.1f}"),
+        ("GPU idle share of the span", lambda s: f"{100 * s.idle_share:.1f}%"),
+        ("GPU busy per prompt token (us)", lambda s: f"{s.per_token_us(s.busy_us):.3f}"),
+        ("span per prompt token (us)", lambda s: f"{s.per_token_us(s.span_us):.3f}"),
+    ]
+    for label, cell in rows:
+        lines.append(f"| {label} | " + " | ".join(cell(summaries[c]) for c in configs) + " |")
+    totals: Dict[str, float] = defaultdict(float)
+    for summary in summaries.values():
+        for name, us in summary.by_name_us.items():
+            totals[name] += us
+    names = sorted(totals, key=totals.get, reverse=True)[:top]
+    lines += ["", f"Top {len(names)} kernels, GPU time per prompt token (us):", "",
+              "| kernel | " + " | ".join(configs) + " |", "| --- |" + " --- |" * len(configs)]
+    for name in names:
+        cells = [f"{summaries[c].per_token_us(summaries[c].by_name_us.get(name, 0.0)):.4f}"
+                 for c in configs]
+        lines.append(f"| `{_short(name)}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,88 @@
+"""The kernel-trace summaries of benchmark/profile_kernels.py, on synthetic traces and logs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+
+import profile_kernels  # noqa: E402
+from sweeplib import kernel_profile  # noqa: E402
+
+
+def kernel(name: str, ts: float, dur: float, cat: str = "kernel") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+EVENTS = [
+    kernel("gemm", 0, 10),
+    kernel("gemm", 5, 10),  # overlaps the first: busy time counts it once
+    kernel("attention", 30, 5),
+    kernel("copy", 40, 2, cat="gpu_memcpy"),
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 100},
+    {"ph": "i", "cat": "kernel", "name": "marker", "ts": 1},
+]
+
+LOG = [
+    "[12:00:00] Prefill batch, #new-seq: 8, #new-token: 8192, #cached-token: 0",
+    "[12:00:01] Profiling starts. Traces will be saved to: /tmp (with profile id: plain)",
+    "[12:00:01] Prefill batch, #new-seq: 8, #new-token: 8192, #cached-token: 0",
+    "[12:00:02] Decode batch, #running-req: 64, #token: 9000",
+    "[12:00:02] Prefill batch, #new-seq: 2, #new-token: 2048, #cached-token: 0",
+    "[12:00:03] Stop profiling...",
+    "[12:00:03] Profiling done. Traces are saved to: /tmp",
+    "[12:00:04] Prefill batch, #new-seq: 8, #new-token: 8192, #cached-token: 0",
+]
+
+
+def test_busy_time_is_the_union_of_gpu_events_and_idle_the_rest_of_the_span() -> None:
+    summary = kernel_profile.summarise_events(EVENTS)
+    assert summary.kernels == 4
+    assert summary.busy_us == pytest.approx(15 + 5 + 2)
+    assert summary.span_us == pytest.approx(42)
+    assert summary.idle_share == pytest.approx(1 - 22 / 42)
+    assert summary.by_name_us == {"gemm": 20, "attention": 5, "copy": 2}
+
+
+def test_only_prefill_batches_inside_the_profiled_window_are_counted() -> None:
+    assert kernel_profile.prefill_in_profile_window(LOG) == (2, 8192 + 2048)
+    assert kernel_profile.prefill_in_profile_window(LOG[:3]) == (0, 0)
+
+
+def test_a_trace_file_and_its_server_log_give_per_token_figures(tmp_path) -> None:
+    trace = tmp_path / "plain-TP-0.trace.json.gz"
+    with gzip.open(trace, "wt") as out:
+        json.dump({"traceEvents": EVENTS}, out)
+    log = tmp_path / "server_plain.log"
+    log.write_text("\n".join(LOG))
+    summary = kernel_profile.summarise_trace(trace, log)
+    assert summary.prefill_tokens == 10240
+    assert summary.per_token_us(summary.busy_us) == pytest.approx(22 / 10240)
+    markdown = kernel_profile.comparison_markdown({"plain": summary, "dynamic": summary}, top=2)
+    assert "| GPU busy per prompt token (us) | 0.002 | 0.002 |" in markdown
+    assert "`gemm`" in markdown and "`attention`" in markdown and "`copy`" not in markdown
+
+
+def test_an_empty_trace_summarises_to_zeros() -> None:
+    summary = kernel_profile.summarise_events([])
+    assert (summary.kernels, summary.busy_us, summary.idle_share) == (0, 0.0, 0.0)
+    assert summary.per_token_us(5.0) == 0.0
+
+
+def test_command_line_defaults_and_a_bad_environment_assignment() -> None:
+    args = profile_kernels.build_parser().parse_args(["--model-path", "m", "--out", "o"])
+    assert (args.configs, args.input_len, args.output_len, args.concurrency) == (
+        "plain,dynamic", 1024, 2, 64)
+    assert profile_kernels.parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        profile_kernels.parse_env(["A"])
+
+
+def test_wait_for_trace_times_out_without_a_file(tmp_path) -> None:
+    with pytest.raises(TimeoutError):
+        profile_kernels.wait_for_trace(tmp_path / "missing.trace.json.gz", timeout_s=0.1)
