@@ -123,16 +123,6 @@ def profile_config(config: str, setup: configs.ServerSetup, env: dict[str, str],
         server.stop_server(running)
 
 
-def parse_env(assignments: list[str]) -> dict[str, str]:
-    env = {}
-    for assignment in assignments:
-        name, sep, value = assignment.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"--server-env needs NAME=VALUE, got {assignment!r}")
-        env[name] = value
-    return env
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-path", required=True)
@@ -169,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         dynamic_args=tuple(shlex.split(args.dynamic_args)), adaptive_config_path=None,
         spec_shape=configs.SpeculativeShape(),
     )
-    env = parse_env(args.server_env)
+    env = configs.parse_env_assignments(args.server_env)
     summaries = {config: profile_config(config, setup, env, args, out_dir)
                  for config in configs.parse_config_list(args.configs)}
     command = shlex.join([sys.executable] + sys.argv)

@@ -94,16 +94,6 @@ def warmup_output_len(given: int | None, output_len: int) -> int:
     return given
 
 
-def parse_env_assignments(assignments: list[str]) -> dict[str, str]:
-    env = {}
-    for assignment in assignments:
-        name, sep, value = assignment.partition("=")
-        if not sep or not name:
-            raise ValueError(f"--server-env expects NAME=VALUE, got {assignment!r}")
-        env[name] = value
-    return env
-
-
 def run_record(config: str, concurrency: int, num_prompts: int, status: str, error: str | None = None) -> dict:
     return {
         "config": config, "concurrency": concurrency, "num_prompts": num_prompts,
@@ -318,7 +308,7 @@ def build_plan(args: argparse.Namespace, out_dir: Path) -> SweepPlan:
         concurrencies=parse_int_list(resolved["concurrencies"]),
         setup=setup,
         bench_settings=bench_settings,
-        server_env=parse_env_assignments(args.server_env),
+        server_env=configs.parse_env_assignments(args.server_env),
         waves=resolved["waves"],
         min_prompts=resolved["min_prompts"],
         probe_requests=resolved["probe_requests"],

@@ -1,9 +1,7 @@
 """The test-only negative-control plugin (test/gpu/native_ops_plugin/sglang_de_broken_plain_step.py)."""
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
 
@@ -12,15 +10,14 @@ import torch
 
 from sglang_dynamic_eagle import plain_step
 
-PLUGIN_PATH = Path(__file__).parent / "gpu" / "native_ops_plugin" / "sglang_de_broken_plain_step.py"
+from plugin_modules import load_plugin_module, plugin_path
+
+PLUGIN_PATH = plugin_path("sglang_de_broken_plain_step")
 BREAK_ENV = "SGLANG_DE_TEST_BREAK_PLAIN_STEP"
 
 
 def _load_plugin():
-    spec = importlib.util.spec_from_file_location("sglang_de_broken_plain_step", PLUGIN_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_plugin_module("sglang_de_broken_plain_step")
 
 
 @pytest.fixture

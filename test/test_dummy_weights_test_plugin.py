@@ -1,22 +1,18 @@
 """The test-only dummy-weights plugin (test/gpu/native_ops_plugin/sglang_de_dummy_weights.py)."""
 
-import importlib.util
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 import torch
 from sglang.srt.model_loader import loader
 
-PLUGIN_PATH = Path(__file__).parent / "gpu" / "native_ops_plugin" / "sglang_de_dummy_weights.py"
+from plugin_modules import load_plugin_module
+
 STD_ENV = "SGLANG_DE_TEST_DUMMY_WEIGHT_STD"
 
 
 def _load_plugin():
-    spec = importlib.util.spec_from_file_location("sglang_de_dummy_weights", PLUGIN_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_plugin_module("sglang_de_dummy_weights")
 
 
 class TinyBlock(torch.nn.Module):

@@ -1,7 +1,5 @@
 """The test-only float32 plugin (test/gpu/native_ops_plugin) routes sglang's custom ops to forward_native."""
 
-import importlib.util
-from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -9,14 +7,11 @@ import pytest
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.utils.multi_platform import MultiPlatformOp
 
-PLUGIN_PATH = Path(__file__).parent / "gpu" / "native_ops_plugin" / "sglang_de_native_ops.py"
+from plugin_modules import load_plugin_module
 
 
 def _load_plugin():
-    spec = importlib.util.spec_from_file_location("sglang_de_native_ops", PLUGIN_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_plugin_module("sglang_de_native_ops")
 
 
 @pytest.fixture

@@ -139,3 +139,14 @@ def parse_config_list(text: str) -> list[str]:
     if len(set(names)) != len(names):
         raise ValueError(f"configuration listed twice in {text!r}")
     return names
+
+
+def parse_env_assignments(assignments: list[str]) -> dict[str, str]:
+    """The servers' environment from repeated --server-env NAME=VALUE."""
+    env = {}
+    for assignment in assignments:
+        name, sep, value = assignment.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--server-env expects NAME=VALUE, got {assignment!r}")
+        env[name] = value
+    return env
