@@ -70,8 +70,8 @@ def test_a_shorter_output_fails() -> None:
     assert [d.position for d in comparison.failures] == [2]
 
 
-def test_the_bf16_margin_is_four_units_of_the_top_logits() -> None:
-    assert BF16 == pytest.approx(4 * 2.0**-5)
+def test_the_bf16_margin_is_eight_units_of_the_top_logits() -> None:
+    assert BF16 == pytest.approx(8 * 2.0**-5)
 
 
 def test_flip_allowance_grows_with_the_reference_count() -> None:

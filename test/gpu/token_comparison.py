@@ -11,7 +11,9 @@ close its choice was.
   8B-shaped dummy model's top logits lie in [4, 8), where one unit in the last place is 0.03125
   (every margin measured on it is a multiple of that), and a kernel that reduces a row in another
   order (a verify over 4 tokens against a decode over one, a batch of another size, a KV entry
-  written by another kernel) moves a logit by a few units. Such a difference is not a tie under
+  written by another kernel) moves a logit by a few units: 1 to 4 in all 58 differences of the
+  first run (2026-12-01); the margin allows twice that. What tells a flip from an error is the
+  second-choice condition: a wrong token is almost never the plain server's runner-up. Such a difference is not a tie under
   the 1e-3 rule, and sglang's own EAGLE3 server makes it too (the 8B-shaped lossless test
   measures both). A token outside the plain top two, or a second choice beaten by more than
   the margin, fails.
@@ -24,7 +26,7 @@ from typing import List, Optional, Sequence
 
 TIE_MARGIN = 1e-3
 BF16_ULP_OF_TOP_LOGITS = 0.03125
-BF16_FLIP_MARGIN = 4 * BF16_ULP_OF_TOP_LOGITS
+BF16_FLIP_MARGIN = 8 * BF16_ULP_OF_TOP_LOGITS
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
