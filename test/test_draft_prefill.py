@@ -13,6 +13,7 @@ from typing import List, Optional
 import pytest
 import torch
 from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.models import llama, llama_eagle3
 
@@ -22,11 +23,32 @@ from sglang_dynamic_eagle.draft_prefill import (
     LastPositionDraftLayer,
     draft_prefill_choice,
     last_rows,
+    project_q_at_rows,
+    splits_q_projection,
     swap_reason,
     use_last_position_mlp,
 )
 
 WIDTH = 16
+
+
+class StandInQKV(torch.nn.Module):
+    """sglang's unquantized qkv projection on CPU: weight rows [q; k; v], no bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(3 * WIDTH, 2 * WIDTH) / 4, requires_grad=False)
+        self.bias = None
+        self.quant_method = UnquantizedLinearMethod()
+
+    def forward(self, x):
+        return self.quant_method.apply(self, x, None), None
+
+
+def row_rotary(positions, q, k):
+    """Stands in for rotary embedding: a position-dependent scaling of each row."""
+    scale = 1 + positions.to(q.dtype).unsqueeze(1) / 10
+    return q * scale, k / scale
 
 
 class RowAttention(torch.nn.Module):
@@ -35,16 +57,23 @@ class RowAttention(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.qkv = torch.nn.Linear(2 * WIDTH, 3 * WIDTH, bias=False)
+        self.qkv_proj = StandInQKV()
+        self.q_size = self.kv_size = WIDTH
+        self.rotary_emb = row_rotary
         self.out = torch.nn.Linear(WIDTH, WIDTH, bias=False)
         self.rows_attended: List[int] = []
         self.rows_projected: List[int] = []
+        self.qkv_attended: List[tuple] = []
 
     def forward_prepare_native(self, positions, hidden_states):
-        return self.qkv(hidden_states).split(WIDTH, dim=-1)
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        return q, k, v
 
     def attn(self, q, k, v, forward_batch):
         self.rows_attended.append(q.shape[0])
+        self.qkv_attended.append((q, k, v))
         return q * k + v
 
     def o_proj(self, attended):
@@ -106,19 +135,21 @@ def run(layer, forward_batch, num_rows: int):
     return layer(positions, embeds, hidden, forward_batch, None)
 
 
-def as_last_position_layer(layer) -> LastPositionDraftLayer:
+def as_last_position_layer(layer, split_q: bool = False) -> LastPositionDraftLayer:
     layer.__class__ = LastPositionDraftLayer
+    layer.split_q = split_q
     return layer
 
 
-def test_rows_that_are_read_match_sglangs_layer_and_the_rest_are_zero() -> None:
+@pytest.mark.parametrize("split_q", [False, True], ids=["q-everywhere", "q-at-last-rows"])
+def test_rows_that_are_read_match_sglangs_layer_and_the_rest_are_zero(split_q) -> None:
     extend_lens = [5, 1, 7]
     num_rows = sum(extend_lens)
     last = [4, 5, 12]
     reference = sglang_layer()
     expected_hidden, expected_residual = run(reference, prefill_batch(extend_lens), num_rows)
 
-    layer = as_last_position_layer(sglang_layer())
+    layer = as_last_position_layer(sglang_layer(), split_q)
     hidden, residual = run(layer, prefill_batch(extend_lens), num_rows)
 
     torch.testing.assert_close(hidden[last], expected_hidden[last], rtol=1e-5, atol=1e-6)
@@ -131,6 +162,45 @@ def test_rows_that_are_read_match_sglangs_layer_and_the_rest_are_zero() -> None:
     assert layer.self_attn.rows_attended == [num_rows]
     assert layer.self_attn.rows_projected == [len(extend_lens)]
     assert layer.mlp.rows_seen == [len(extend_lens)]
+
+
+def test_with_q_at_the_last_rows_every_rows_k_and_v_are_sglangs() -> None:
+    """The K/V written for every position are what sglang's layer writes; Q is sglang's at the
+    rows that are read and zero at the others."""
+    extend_lens = [5, 1, 7]
+    num_rows = sum(extend_lens)
+    last = [4, 5, 12]
+    reference = sglang_layer()
+    run(reference, prefill_batch(extend_lens), num_rows)
+    layer = as_last_position_layer(sglang_layer(), split_q=True)
+    run(layer, prefill_batch(extend_lens), num_rows)
+    (expected_q, expected_k, expected_v), = reference.self_attn.qkv_attended
+    (q, k, v), = layer.self_attn.qkv_attended
+    torch.testing.assert_close(k, expected_k, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(v, expected_v, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(q[last], expected_q[last], rtol=1e-5, atol=1e-6)
+    others = [row for row in range(num_rows) if row not in last]
+    assert torch.count_nonzero(q[others]) == 0
+
+
+def test_the_q_split_needs_an_unquantized_projection_without_bias() -> None:
+    attention = RowAttention()
+    assert splits_q_projection(attention)
+    attention.qkv_proj.bias = torch.zeros(3 * WIDTH)
+    assert not splits_q_projection(attention)
+    quantized = RowAttention()
+    quantized.qkv_proj.quant_method = object()
+    assert not splits_q_projection(quantized)
+
+
+def test_project_q_at_rows_of_one_row_per_request_equals_sglangs_projection() -> None:
+    attention = RowAttention()
+    x = torch.randn(4, 2 * WIDTH)
+    positions = torch.arange(4)
+    rows = torch.arange(4)
+    for got, expected in zip(project_q_at_rows(attention, positions, x, rows),
+                             attention.forward_prepare_native(positions, x)):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -169,6 +239,7 @@ def test_one_row_per_request_graph_capture_and_compilation_keep_the_full_layer(m
 def sglangs_attention() -> llama.LlamaAttention:
     attention = object.__new__(llama.LlamaAttention)
     torch.nn.Module.__init__(attention)
+    attention.qkv_proj = StandInQKV()
     return attention
 
 
@@ -189,6 +260,7 @@ def test_the_swap_applies_to_one_layer_llama_eagle3_drafts_only(monkeypatch) -> 
     assert swap_reason(model) is None
     assert use_last_position_mlp(model)
     assert type(model.model.layers[0]) is LastPositionDraftLayer
+    assert model.model.layers[0].split_q
 
     assert swap_reason(fake_draft_model(num_layers=2)) == "2-layer draft"
 

@@ -1,4 +1,4 @@
-"""Draft prefill that runs the draft's MLP only where a proposal is read.
+"""Draft prefill that runs the draft's queries, output projection and MLP only where a proposal is read.
 
 A one-layer EAGLE-3 draft's K/V at a position come from that position's token embedding and
 target hidden states alone (the input layer's qkv projection). After a prefill (and after a
@@ -7,10 +7,13 @@ read: the logits processor keeps the last row of every request, and so does the 
 capture that seeds the first draft step. sglang's layer still runs the post-attention norm and
 the MLP (about 60% of the layer's matmul work at Llama-8B shapes) over every prompt token.
 
-:class:`LastPositionDraftLayer` runs embedding, norms, qkv and attention (which writes the K/V
-of every position) over all rows as sglang does, and the attention's output projection, the
-post-attention norm and the MLP over the last row of each request only; the other rows of its
-output are zeros, which nothing reads.
+:class:`LastPositionDraftLayer` runs embedding, norms, the K and V projections and attention
+(which writes the K/V of every position) over all rows as sglang does, and the Q projection
+(two thirds of the qkv GEMM at EAGLE-3's shapes: 4096 of 6144 outputs for an 8B Llama), the
+attention's output projection, the post-attention norm and the MLP over the last row of each
+request only; the other rows of Q are zeros (their attention outputs are never read) and so are
+the other rows of the layer's output, which nothing reads. The Q split needs an unquantized qkv
+projection without bias (sglang's EAGLE-3 layer has none); otherwise Q runs over every row.
 Per row the arithmetic is sglang's; a GEMM over fewer rows may round differently in the last
 bit, which can change a draft proposal (acceptance), never an output token (the target
 verifies every one).
@@ -29,10 +32,13 @@ import hashlib
 import inspect
 import logging
 import os
+from types import SimpleNamespace
 from typing import Optional, Tuple
 
 import torch
+from sglang.srt.layers import linear
 from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.models import llama, llama_eagle3
 
@@ -41,7 +47,7 @@ from sglang_dynamic_eagle.startup_errors import StartupError
 logger = logging.getLogger(__name__)
 
 # sha256 (first 16 hex digits) of the source of FINGERPRINTED in sglang 0.5.17.
-UPSTREAM_LAYER_FINGERPRINT = "f7693de4ef7ffa51"
+UPSTREAM_LAYER_FINGERPRINT = "967b2dad38cc88ec"
 DRAFT_PREFILL_ENV = "SGLANG_DYNAMIC_EAGLE_DRAFT_PREFILL"
 LAST_POSITION = "last-position"
 FULL = "full"
@@ -60,14 +66,18 @@ def draft_prefill_choice() -> str:
 
 
 # What the swap's correctness rests on: the layer and attention forwards it restates, the model
-# forward around the layer (final norm, which output the LAST capture takes), and the logits
-# processor's choice of the rows it reads.
+# forward around the layer (final norm, which output the LAST capture takes), the logits
+# processor's choice of the rows it reads, and the qkv projection it splits (its forward, its
+# [q; k; v] weight layout, its unquantized GEMM).
 FINGERPRINTED = (
     llama_eagle3.LlamaDecoderLayer.forward,
     llama_eagle3.LlamaModel.forward,
     llama.LlamaAttention.forward,
     llama.LlamaAttention.forward_prepare_native,
     LogitsProcessor._get_pruned_states,
+    linear.ColumnParallelLinear.forward,
+    linear.QKVParallelLinear.weight_loader,
+    UnquantizedLinearMethod.apply,
 )
 
 
@@ -99,8 +109,39 @@ def _rows_into_zeros(values: torch.Tensor, rows: torch.Tensor, num_rows: int) ->
     return full
 
 
+def splits_q_projection(attention: torch.nn.Module) -> bool:
+    """Whether the qkv projection can run as a Q GEMM and a K/V GEMM on its own weight rows."""
+    qkv = attention.qkv_proj
+    return (
+        type(qkv.quant_method) is UnquantizedLinearMethod
+        and qkv.bias is None
+        and not getattr(qkv, "gather_output", False)
+    )
+
+
+def _output_rows(qkv: torch.nn.Module, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """sglang's GEMM of ``qkv`` computing only its output features ``start:stop``."""
+    return qkv.quant_method.apply(SimpleNamespace(weight=qkv.weight[start:stop]), x, None)
+
+
+def project_q_at_rows(
+    attention: torch.nn.Module, positions: torch.Tensor, x: torch.Tensor, rows: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``forward_prepare_native`` with Q computed at ``rows`` only (zeros elsewhere)."""
+    q_size, kv_size = attention.q_size, attention.kv_size
+    qkv = attention.qkv_proj
+    k, v = _output_rows(qkv, x, q_size, q_size + 2 * kv_size).split([kv_size, kv_size], dim=-1)
+    q = x.new_zeros((x.shape[0], q_size))
+    q[rows] = _output_rows(qkv, x[rows], 0, q_size)
+    q, k = attention.rotary_emb(positions, q, k)
+    return q, k, v
+
+
 class LastPositionDraftLayer(llama_eagle3.LlamaDecoderLayer):
-    """sglang's EAGLE-3 input layer with the MLP restricted to the rows that are read."""
+    """sglang's EAGLE-3 input layer with Q, the output projection and the MLP restricted to
+    the rows that are read."""
+
+    split_q: bool = False  # set by use_last_position_mlp
 
     def forward(
         self,
@@ -117,9 +158,13 @@ class LastPositionDraftLayer(llama_eagle3.LlamaDecoderLayer):
         attention_input = torch.cat(
             [self.input_layernorm(embeds), self.hidden_norm(hidden_states)], dim=-1
         )
-        # sglang's LlamaAttention.forward for an extend, with o_proj on the rows read only.
+        # sglang's LlamaAttention.forward for an extend, with Q and o_proj on the rows read only.
         attention = self.self_attn
-        q, k, v = attention.forward_prepare_native(positions=positions, hidden_states=attention_input)
+        if self.split_q:
+            q, k, v = project_q_at_rows(attention, positions, attention_input, rows)
+        else:
+            q, k, v = attention.forward_prepare_native(
+                positions=positions, hidden_states=attention_input)
         attended = attention.attn(q, k, v, forward_batch)  # writes every position's K/V
         attention_output, _ = attention.o_proj(attended[rows])
         last_hidden, last_residual = self.post_attention_layernorm(attention_output, residual[rows])
@@ -153,7 +198,9 @@ def use_last_position_mlp(draft_model: torch.nn.Module) -> bool:
     if reason is not None:
         logger.info("EAGLE3_DYNAMIC: draft prefill runs sglang's full layer (%s).", reason)
         return False
-    draft_model.model.layers[0].__class__ = LastPositionDraftLayer
-    logger.info("EAGLE3_DYNAMIC: draft prefill runs the draft's output projection and MLP at "
-                "each request's last position only.")
+    layer = draft_model.model.layers[0]
+    layer.__class__ = LastPositionDraftLayer
+    layer.split_q = splits_q_projection(layer.self_attn)
+    logger.info("EAGLE3_DYNAMIC: draft prefill runs the draft's %soutput projection and MLP at "
+                "each request's last position only.", "queries, " if layer.split_q else "")
     return True

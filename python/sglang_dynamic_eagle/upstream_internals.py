@@ -136,10 +136,12 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         how="subclassed (draft_prefill.LastPositionDraftLayer) and swapped in as the class "
         "of a one-layer LlamaForCausalLMEagle3 draft's layer; its forward restates "
         "sglang's input-layer forward and LlamaAttention.forward (forward_prepare_native, "
-        "attn, o_proj) with o_proj, the post-attention norm and the MLP on the last row of "
-        "each request",
-        why="sglang runs the draft MLP over every prompt token in a prefill, and only the "
-        "last row of each request is read (LogitsProcessor pruning, LAST hidden capture)",
+        "attn, o_proj) with the Q projection, o_proj, the post-attention norm and the MLP "
+        "on the last row of each request; the Q projection runs sglang's unquantized GEMM "
+        "(UnquantizedLinearMethod.apply) on the q rows of QKVParallelLinear's [q; k; v] weight",
+        why="sglang runs the draft's Q projection and MLP over every prompt token in a "
+        "prefill, and only the last row of each request is read (LogitsProcessor pruning, "
+        "LAST hidden capture)",
         drop_when="sglang prunes draft-extend rows before the MLP (or lets a model skip "
         "rows nobody reads); a source fingerprint of every function listed here refuses "
         "the swap if one of them changes",
@@ -151,6 +153,9 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
             "sglang.srt.models.llama.LlamaAttention.forward",
             "sglang.srt.models.llama.LlamaAttention.forward_prepare_native",
             "sglang.srt.layers.logits_processor.LogitsProcessor._get_pruned_states",
+            "sglang.srt.layers.linear.ColumnParallelLinear.forward",
+            "sglang.srt.layers.linear.QKVParallelLinear.weight_loader",
+            "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
         ),
     ),
     UpstreamReliance(
