@@ -12,7 +12,6 @@ token_comparison = importlib.util.module_from_spec(_spec)
 sys.modules["token_comparison"] = token_comparison  # dataclasses look their module up
 _spec.loader.exec_module(token_comparison)
 
-BF16 = token_comparison.BF16_FLIP_MARGIN
 
 
 def plain_output(ids, top_two_at):
@@ -29,6 +28,7 @@ def plain_output(ids, top_two_at):
 
 
 PLAIN = plain_output([5, 6, 7], [(-0.5, -1.5, 9), (-1.0, -1.0625, 8), (-0.2, -0.2004, 4)])
+BF16 = token_comparison.bf16_flip_margin([PLAIN])  # 8 units of 0.0625
 
 
 def compare(ids, flip_margin):
@@ -70,8 +70,11 @@ def test_a_shorter_output_fails() -> None:
     assert [d.position for d in comparison.failures] == [2]
 
 
-def test_the_bf16_margin_is_eight_units_of_the_top_logits() -> None:
-    assert BF16 == pytest.approx(8 * 2.0**-5)
+def test_the_bf16_margin_is_eight_units_read_from_the_plain_margins() -> None:
+    assert token_comparison.logit_unit([PLAIN]) == pytest.approx(0.0625)  # the tie ignored
+    assert BF16 == pytest.approx(0.5)
+    only_ties = plain_output([5], [(-0.2, -0.2004, 4)])
+    assert token_comparison.bf16_flip_margin([only_ties]) == 0.0
 
 
 def test_flip_allowance_grows_with_the_reference_count() -> None:

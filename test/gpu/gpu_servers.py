@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from token_comparison import BF16_FLIP_MARGIN, compare_outputs, flip_allowance
+from token_comparison import bf16_flip_margin, compare_outputs, flip_allowance
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KIT_MODELS = Path(os.environ.get("SGLANG_DE_MODELS", REPO_ROOT / ".gpu-kit" / "models"))
@@ -314,14 +314,15 @@ def assert_lossless_across_switches(
     outputs = send_in_waves(dynamic, prompts, wave_size)
     after = dynamic.dynamic_counters()
     expected = send_in_waves(plain, prompts, wave_size, top_logprobs_num=2)
-    comparison = compare_outputs(outputs, expected, BF16_FLIP_MARGIN)
+    flip_margin = bf16_flip_margin(expected)
+    comparison = compare_outputs(outputs, expected, flip_margin)
     switches = {key: after[key] - before.get(key, 0)
                 for key in ("switches_to_plain", "switches_to_speculative")}
-    print(f"{label}: {len(prompts)} prompts, switches {switches}, against plain: "
-          f"{comparison.summary()}; counters {after}")
+    print(f"{label}: {len(prompts)} prompts, switches {switches}, flip margin {flip_margin:.5f}, "
+          f"against plain: {comparison.summary()}; counters {after}")
     if reference is not None:
         reference_comparison = compare_outputs(
-            send_in_waves(reference, prompts, wave_size), expected, BF16_FLIP_MARGIN)
+            send_in_waves(reference, prompts, wave_size), expected, flip_margin)
         print(f"{label}: {reference.name} against plain: {reference_comparison.summary()}")
         allowed = len(reference_comparison.flips) + flip_allowance(len(reference_comparison.flips))
         assert len(comparison.flips) <= allowed

@@ -7,13 +7,15 @@ close its choice was.
 * float32 servers (the tiny pair): a difference counts as a numerical tie only where the plain
   top-2 margin is below ``TIE_MARGIN`` (1e-3); every other difference fails.
 * bf16 servers also allow a *bf16 flip*: the other server's token is the plain server's second
-  choice and the plain top-2 margin is at most ``BF16_FLIP_MARGIN``. The logits are bf16; the
-  8B-shaped dummy model's top logits lie in [4, 8), where one unit in the last place is 0.03125
-  (every margin measured on it is a multiple of that), and a kernel that reduces a row in another
-  order (a verify over 4 tokens against a decode over one, a batch of another size, a KV entry
-  written by another kernel) moves a logit by a few units: 1 to 4 in all 58 differences of the
-  first run (2026-12-01); the margin allows twice that. What tells a flip from an error is the
-  second-choice condition: a wrong token is almost never the plain server's runner-up. Such a difference is not a tie under
+  choice and the plain top-2 margin is at most ``BF16_FLIP_UNITS`` units in the last place of
+  the top logits. The logits are bf16, so every top-2 margin is a multiple of that unit (the
+  8B-shaped dummy model's top logits lie in [4, 8), where it is 0.03125), and a kernel that
+  reduces a row in another order (a verify over 4 tokens against a decode over one, a batch of
+  another size, a KV entry written by another kernel) moves a logit by a few units: 1 to 4 in
+  all 58 differences of the first run (2026-12-01); the margin allows twice that. The unit is
+  read from the plain outputs themselves (their smallest margin above the tie margin), so the
+  rule fits any bf16 model. What tells a flip from an error is the second-choice condition: a
+  wrong token is almost never the plain server's runner-up. Such a difference is not a tie under
   the 1e-3 rule, and sglang's own EAGLE3 server makes it too (the 8B-shaped lossless test
   measures both). A token outside the plain top two, or a second choice beaten by more than
   the margin, fails.
@@ -25,8 +27,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 TIE_MARGIN = 1e-3
-BF16_ULP_OF_TOP_LOGITS = 0.03125
-BF16_FLIP_MARGIN = 8 * BF16_ULP_OF_TOP_LOGITS
+BF16_FLIP_UNITS = 8
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
@@ -46,6 +47,21 @@ def top2_margin(plain_output: dict, position: int) -> float:
     """Top-1 minus top-2 logprob of the plain server at one output position."""
     (best, _), (second, _) = top_two(plain_output, position)
     return best - second
+
+
+def logit_unit(plain: Sequence[dict]) -> float:
+    """The smallest top-2 margin above the tie margin over every position of the plain outputs:
+    with bf16 logits, one unit in the last place of the top logits (0.0 if there is none)."""
+    margins = (
+        top2_margin(output, position)
+        for output in plain
+        for position in range(len(output["meta_info"]["output_top_logprobs"]))
+    )
+    return min((margin for margin in margins if margin >= TIE_MARGIN), default=0.0)
+
+
+def bf16_flip_margin(plain: Sequence[dict]) -> float:
+    return BF16_FLIP_UNITS * logit_unit(plain)
 
 
 @dataclass(frozen=True)
