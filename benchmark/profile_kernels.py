@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Profile the GPU kernels of a few forward steps of each configuration under the same load.
 
-For each configuration: start its server (the sweep's command line), keep ``--concurrency``
-requests of random token ids running, and after ``--warmup-s`` ask sglang's ``/start_profile``
-for a GPU trace of ``--profile-steps`` scheduler forward steps; then summarise every trace
+For each configuration: start its server (the sweep's command line, with
+``SGLANG_LOG_FORWARD_ITERS=1`` so that its batch lines carry their forward step), keep
+``--concurrency`` requests of random token ids running, and after ``--warmup-s`` ask sglang's
+``/start_profile`` for a GPU trace of ``--profile-steps`` scheduler forward steps from a step
+``START_LEAD_STEPS`` past the latest one logged; then summarise every trace
 (``sweeplib.kernel_profile``) into ``profile.md``: GPU busy time, idle share, and the top
 kernels per prompt token. A diagnostic, not a benchmark: it answers where GPU time goes, e.g.
 
@@ -30,8 +32,11 @@ from sweeplib import configs, kernel_profile, server
 logger = logging.getLogger("profile_kernels")
 
 TRACE_WAIT_S = 180.0
-START_PROFILE_TIMEOUT_S = 300.0  # sglang answers once the profiled window has ended
 REQUEST_TIMEOUT_S = 600.0
+# Steps between the latest forward step in the log and the first profiled one: enough for the
+# request to reach the scheduler before that step is launched.
+START_LEAD_STEPS = 20
+FORWARD_ITERS_ENV = {"SGLANG_LOG_FORWARD_ITERS": "1"}
 LOG_TAIL_LINES = 60
 
 
@@ -79,15 +84,20 @@ class RequestLoad:
             thread.join(timeout=REQUEST_TIMEOUT_S)
 
 
-def start_profile(base_url: str, trace_dir: Path, profile_id: str, steps: int) -> Path:
-    """Ask for a GPU trace of the next ``steps`` forward steps; the path it will be written to."""
-    body = {"output_dir": str(trace_dir), "num_steps": steps, "activities": ["GPU"],
-            "profile_id": profile_id, "with_stack": False, "record_shapes": False}
+def start_profile(base_url: str, trace_dir: Path, profile_id: str, first_iter: int,
+                  steps: int) -> Path:
+    """Ask for a GPU trace of forward steps ``first_iter`` .. ``first_iter + steps - 1`` (sglang
+    answers at once and traces when the scheduler reaches them); the path it will be written to."""
+    trace = trace_dir / f"{profile_id}-TP-0.trace.json.gz"
+    trace.unlink(missing_ok=True)  # a trace of an earlier run must not pass for this one
+    body = {"output_dir": str(trace_dir), "start_step": first_iter, "num_steps": steps,
+            "activities": ["GPU"], "profile_id": profile_id, "with_stack": False,
+            "record_shapes": False}
     request = urllib.request.Request(base_url + "/start_profile", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=START_PROFILE_TIMEOUT_S) as response:
+    with urllib.request.urlopen(request, timeout=60) as response:
         response.read()
-    return trace_dir / f"{profile_id}-TP-0.trace.json.gz"
+    return trace
 
 
 def wait_for_trace(path: Path, timeout_s: float) -> None:
@@ -107,18 +117,22 @@ def profile_config(config: str, setup: configs.ServerSetup, env: dict[str, str],
                    args: argparse.Namespace, out_dir: Path) -> kernel_profile.KernelSummary:
     base_url = server.base_url_of(setup.host, setup.port)
     log_path = out_dir / f"server_{config}.log"
-    running = server.start_server(config, configs.server_command(config, setup), env, log_path,
-                                  base_url)
+    running = server.start_server(config, configs.server_command(config, setup),
+                                  {**env, **FORWARD_ITERS_ENV}, log_path, base_url)
     try:
         server.wait_until_healthy(running, args.server_timeout_s, LOG_TAIL_LINES)
         with RequestLoad(base_url, args.concurrency, args.input_len, args.output_len,
                          args.seed) as load:
             time.sleep(args.warmup_s)
-            trace = start_profile(base_url, out_dir / "traces", config, args.profile_steps)
+            log_lines = log_path.read_text(errors="replace").splitlines()
+            first_iter = kernel_profile.latest_forward_iter(log_lines) + START_LEAD_STEPS
+            trace = start_profile(base_url, out_dir / "traces", config, first_iter,
+                                  args.profile_steps)
             wait_for_trace(trace, TRACE_WAIT_S)
-        logger.info("[%s] trace %s; %d requests completed, %d failed", config, trace,
-                    load.completed, load.failed)
-        return kernel_profile.summarise_trace(trace, log_path)
+        logger.info("[%s] trace %s of steps %d-%d; %d requests completed, %d failed", config,
+                    trace, first_iter, first_iter + args.profile_steps - 1, load.completed,
+                    load.failed)
+        return kernel_profile.summarise_trace(trace, log_path, first_iter, args.profile_steps)
     finally:
         server.stop_server(running)
 
@@ -137,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--warmup-s", type=float, default=20.0,
                         help="seconds of load before the profiled window (compiles, graphs)")
-    parser.add_argument("--profile-steps", type=int, default=16,
+    parser.add_argument("--profile-steps", type=int, default=40,
                         help="scheduler forward steps in the profiled window")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--host", default="127.0.0.1")

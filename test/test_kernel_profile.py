@@ -29,14 +29,15 @@ EVENTS = [
 ]
 
 LOG = [
-    "[12:00:00] Prefill batch, #new-seq: 8, #new-token: 8192, #cached-token: 0",
+    "[12:00:00] Prefill batch [9], #new-seq: 8, #new-token: 8192, #cached-token: 0",
     "[12:00:01] Profiling starts. Traces will be saved to: /tmp (with profile id: plain)",
-    "[12:00:01] Prefill batch, #new-seq: 8, #new-token: 8192, #cached-token: 0",
-    "[12:00:02] Decode batch, #running-req: 64, #token: 9000",
-    "[12:00:02] Prefill batch, #new-seq: 2, #new-token: 2048, #cached-token: 0",
+    "[12:00:01] Prefill batch [10], #new-seq: 8, #new-token: 4096, #cached-token: 0",
+    "[12:00:02] Decode batch [12], #running-req: 64, #token: 9000",
+    "[12:00:02] Prefill batch [11], #new-seq: 2, #new-token: 2048, #cached-token: 0",
     "[12:00:03] Stop profiling...",
     "[12:00:03] Profiling done. Traces are saved to: /tmp",
-    "[12:00:04] Prefill batch, #new-seq: 8, #new-token: 8192, #cached-token: 0",
+    "[12:00:04] Prefill batch [13], #new-seq: 8, #new-token: 1024, #cached-token: 0",
+    "[12:00:04] Prefill batch [14], #new-seq: 8, #new-token: 512, #cached-token: 0",
 ]
 
 
@@ -49,9 +50,12 @@ def test_busy_time_is_the_union_of_gpu_events_and_idle_the_rest_of_the_span() ->
     assert summary.by_name_us == {"gemm": 20, "attention": 5, "copy": 2}
 
 
-def test_only_prefill_batches_inside_the_profiled_window_are_counted() -> None:
-    assert kernel_profile.prefill_in_profile_window(LOG) == (2, 8192 + 2048)
-    assert kernel_profile.prefill_in_profile_window(LOG[:3]) == (0, 0)
+def test_prefill_batches_are_counted_by_their_forward_step_not_their_place_in_the_log() -> None:
+    # Steps 10-13: batch 13's line comes after the profiler's end lines, batch 9's is outside.
+    assert kernel_profile.prefill_in_window(LOG, first_iter=10, steps=4) == (3, 4096 + 2048 + 1024)
+    assert kernel_profile.prefill_in_window(LOG, first_iter=20, steps=4) == (0, 0)
+    assert kernel_profile.latest_forward_iter(LOG) == 14
+    assert kernel_profile.latest_forward_iter(["Prefill batch, #new-token: 5"]) == 0
 
 
 def test_a_trace_file_and_its_server_log_give_per_token_figures(tmp_path) -> None:
@@ -60,11 +64,11 @@ def test_a_trace_file_and_its_server_log_give_per_token_figures(tmp_path) -> Non
         json.dump({"traceEvents": EVENTS}, out)
     log = tmp_path / "server_plain.log"
     log.write_text("\n".join(LOG))
-    summary = kernel_profile.summarise_trace(trace, log)
-    assert summary.prefill_tokens == 10240
-    assert summary.per_token_us(summary.busy_us) == pytest.approx(22 / 10240)
+    summary = kernel_profile.summarise_trace(trace, log, first_iter=10, steps=2)
+    assert (summary.prefill_batches, summary.prefill_tokens) == (2, 4096 + 2048)
+    assert summary.per_token_us(summary.busy_us) == pytest.approx(22 / 6144)
     markdown = kernel_profile.comparison_markdown({"plain": summary, "dynamic": summary}, top=2)
-    assert "| GPU busy per prompt token (us) | 0.002 | 0.002 |" in markdown
+    assert "| GPU busy per prompt token (us) | 0.004 | 0.004 |" in markdown
     assert "`gemm`" in markdown and "`attention`" in markdown and "`copy`" not in markdown
 
 
@@ -76,8 +80,8 @@ def test_an_empty_trace_summarises_to_zeros() -> None:
 
 def test_command_line_defaults_and_server_environment() -> None:
     args = profile_kernels.build_parser().parse_args(["--model-path", "m", "--out", "o"])
-    assert (args.configs, args.input_len, args.output_len, args.concurrency) == (
-        "plain,dynamic", 1024, 2, 64)
+    assert (args.configs, args.input_len, args.output_len, args.concurrency, args.profile_steps) == (
+        "plain,dynamic", 1024, 2, 64, 40)
     assert configs.parse_env_assignments(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
     with pytest.raises(ValueError, match="NAME=VALUE"):
         configs.parse_env_assignments(["A"])

@@ -1,10 +1,15 @@
 """Summaries of the GPU kernel traces that sglang's ``/start_profile`` writes.
 
-A trace is a Chrome trace (``*.trace.json.gz``) of a window of scheduler forward steps. The
-summary holds, for the window: the kernels' summed GPU time by name, the GPU's busy time (the
-union of kernel intervals) against the span from the first kernel's start to the last one's
-end (the rest is the GPU waiting for the host), and the prompt tokens that the server log says
-its prefill batches carried in that window, so that servers can be compared per token.
+A trace is a Chrome trace (``*.trace.json.gz``) of the scheduler forward steps ``first_iter``
+to ``first_iter + steps - 1`` (sglang's ``/start_profile`` with ``start_step``). The summary
+holds, for the window: the kernels' summed GPU time by name, the GPU's busy time (the union of
+kernel intervals) against the span from the first kernel's start to the last one's end (the
+rest is the GPU waiting for the host), and the prompt tokens of the window's prefill batches,
+read from the server log's prefill lines, which carry their forward step with
+``SGLANG_LOG_FORWARD_ITERS=1``. (A batch's line is logged when its result is processed, one
+step after it was launched, so the log's order is not the window's.) Under overlap scheduling
+the GPU may still run the step before the window when tracing starts, and the window's last
+step after it stops: each end can be off by part of a step.
 """
 
 from __future__ import annotations
@@ -18,9 +23,8 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 GPU_EVENT_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-PROFILE_START = "Profiling starts"
-PROFILE_DONE = "Profiling done"
-PREFILL_TOKENS = re.compile(r"Prefill batch.*#new-token: (\d+)")
+PREFILL_LINE = re.compile(r"Prefill batch \[(\d+)\],.*#new-token: (\d+)")
+FORWARD_ITER = re.compile(r"(?:Prefill|Decode) batch \[(\d+)\]")
 
 
 @dataclass
@@ -77,30 +81,27 @@ def summarise_events(events: Iterable[dict]) -> KernelSummary:
     return summary
 
 
-def prefill_in_profile_window(log_lines: Iterable[str]) -> Tuple[int, int]:
-    """(prefill batches, prompt tokens) logged between the profiler's start and end lines;
-    (0, 0) while the window has not ended."""
+def latest_forward_iter(log_lines: Iterable[str]) -> int:
+    """The highest forward step in the log's batch lines (0 if none carries one)."""
+    return max((int(m.group(1)) for m in map(FORWARD_ITER.search, log_lines) if m), default=0)
+
+
+def prefill_in_window(log_lines: Iterable[str], first_iter: int, steps: int) -> Tuple[int, int]:
+    """(prefill batches, prompt tokens) of the forward steps first_iter .. first_iter+steps-1."""
     batches = tokens = 0
-    inside = False
-    for line in log_lines:
-        if PROFILE_START in line:
-            inside, batches, tokens = True, 0, 0
-        elif PROFILE_DONE in line and inside:
-            return batches, tokens
-        elif inside:
-            match = PREFILL_TOKENS.search(line)
-            if match:
-                batches += 1
-                tokens += int(match.group(1))
-    return 0, 0
+    for match in map(PREFILL_LINE.search, log_lines):
+        if match and first_iter <= int(match.group(1)) < first_iter + steps:
+            batches += 1
+            tokens += int(match.group(2))
+    return batches, tokens
 
 
-def summarise_trace(trace_path: Path, server_log: Path) -> KernelSummary:
+def summarise_trace(trace_path: Path, server_log: Path, first_iter: int, steps: int) -> KernelSummary:
     with gzip.open(trace_path, "rt") as trace:
         events = json.load(trace).get("traceEvents", [])
     summary = summarise_events(events)
-    summary.prefill_batches, summary.prefill_tokens = prefill_in_profile_window(
-        server_log.read_text(errors="replace").splitlines()
+    summary.prefill_batches, summary.prefill_tokens = prefill_in_window(
+        server_log.read_text(errors="replace").splitlines(), first_iter, steps
     )
     return summary
 

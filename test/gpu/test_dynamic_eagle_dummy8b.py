@@ -34,7 +34,7 @@ from gpu_servers import (
     make_prompts,
     send_in_waves,
 )
-from token_comparison import bf16_flip_margin, compare_outputs, first_difference
+from token_comparison import bf16_flip_margin, compare_outputs, first_difference, flip_allowance
 
 from sglang_dynamic_eagle.host_syncs import SYNC_CHECK_ENV
 
@@ -224,13 +224,18 @@ def test_prefills_and_plain_steps_do_not_wait_for_the_gpu(servers):
 
 
 def test_negative_control_a_plain_step_writing_kv_one_slot_early_fails(servers):
-    """The comparison that the lossless tests pass must fail on a broken plain step."""
-    prompts = make_prompts(16, seed=8)
+    """What the lossless test asserts (no failure, and no more bf16 flips than sglang's EAGLE3
+    plus the allowance) must not hold for a broken plain step."""
+    prompts = make_prompts(NUM_PROMPTS, seed=1)
     broken = send_in_waves(servers["dynamic_broken"], prompts, WAVE_SIZE)
     plain = send_in_waves(servers["plain"], prompts, WAVE_SIZE, top_logprobs_num=2)
-    comparison = compare_outputs(broken, plain, bf16_flip_margin(plain))
+    reference = send_in_waves(servers["eagle3"], prompts, WAVE_SIZE)
+    flip_margin = bf16_flip_margin(plain)
+    comparison = compare_outputs(broken, plain, flip_margin)
+    reference_flips = len(compare_outputs(reference, plain, flip_margin).flips)
     counters = servers["dynamic_broken"].dynamic_counters()
-    print(f"negative control (K/V one slot early): {comparison.summary()}; plain steps "
-          f"{counters['plain_steps']}")
+    print(f"negative control (K/V one slot early): {comparison.summary()}; EAGLE3's flips "
+          f"{reference_flips}; plain steps {counters['plain_steps']}")
     assert counters["plain_steps"] > 0
-    assert len(comparison.failures) >= len(prompts) // 4
+    allowed_flips = reference_flips + flip_allowance(reference_flips)
+    assert comparison.failures or len(comparison.flips) > allowed_flips
