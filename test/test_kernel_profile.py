@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -90,3 +91,44 @@ def test_command_line_defaults_and_server_environment() -> None:
 def test_wait_for_trace_times_out_without_a_file(tmp_path) -> None:
     with pytest.raises(TimeoutError):
         profile_kernels.wait_for_trace(tmp_path / "missing.trace.json.gz", timeout_s=0.1)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_profiles_each_configuration_end_to_end_against_a_stand_in_server(tmp_path, monkeypatch) -> None:
+    """The whole run on CPU: server start, load, /start_profile by forward step, the trace, the
+    prefill lines of the window, the report, and the server stopped."""
+    fake = Path(__file__).resolve().parent / "fakes" / "fake_profiled_server.py"
+
+    def fake_command(config, setup):
+        return [sys.executable, str(fake), "--port", str(setup.port)]
+
+    monkeypatch.setattr(profile_kernels.configs, "server_command", fake_command)
+    monkeypatch.setattr(profile_kernels.server, "HEALTH_POLL_S", 0.1)
+    port = free_port()
+    out = tmp_path / "out"
+    status = profile_kernels.main([
+        "--model-path", "unused", "--configs", "plain,dynamic", "--concurrency", "2",
+        "--input-len", "4", "--warmup-s", "0.5", "--profile-steps", "5", "--port", str(port),
+        "--out", str(out),
+    ])
+    assert status == 0
+    summaries = json.loads((out / "summaries.json").read_text())
+    for config in ("plain", "dynamic"):
+        assert summaries[config]["kernels"] == 5
+        assert summaries[config]["prefill_batches"] == 5
+        assert summaries[config]["prefill_tokens"] == 5000
+        assert (out / "traces" / f"{config}-TP-0.trace.json.gz").exists()
+    markdown = (out / "profile.md").read_text()
+    assert "| prompt tokens in the window | 5000 | 5000 |" in markdown
+    assert "`fake_gemm`" in markdown
+    assert not port_in_use(port)
