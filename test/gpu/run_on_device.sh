@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 # (three servers), then -k control (two). So does each other module, one per call: the
 # 8B-shaped test/gpu/test_dynamic_eagle_dummy8b.py (five servers, about 8 minutes; its
 # negative control alone with -k negative_control, the rest with -k "not negative_control"),
-# the soak test/gpu/test_soak.py, and
+# the README's tiny-pair demo test/gpu/test_quickstart_demo.py, the soak test/gpu/test_soak.py, and
 # test/gpu/test_dynamic_eagle_configurations.py with -k non_overlap, -k mla_moe or -k flashinfer.
 if [ $# -eq 0 ]; then
   set -- test/gpu/test_dynamic_eagle_tiny.py test/gpu/test_tiny_pair.py -k "not tree and not control"
