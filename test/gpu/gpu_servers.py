@@ -14,7 +14,6 @@ import random
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +23,9 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from token_comparison import bf16_flip_margin, compare_outputs, flip_allowance
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "benchmark"))
+from sweeplib import server as lifecycle  # noqa: E402  (the benchmark's server lifecycle)
+
 KIT_MODELS = Path(os.environ.get("SGLANG_DE_MODELS", REPO_ROOT / ".gpu-kit" / "models"))
 TINY_PAIR = REPO_ROOT / "models" / "tiny-pair"
 TINY_PAIR_DTYPE = os.environ.get("TINY_PAIR_DTYPE", "float32")
@@ -118,38 +120,27 @@ class Server:
         return "\n".join(line for line in text[-lines:] if "server_args=" not in line)
 
 
+def _lifecycle_view(server: Server) -> lifecycle.RunningServer:
+    return lifecycle.RunningServer(server.name, server.process, server.log_path, server.url)
+
+
 def start_server(name: str, args: List[str], env: Optional[Dict[str, str]] = None) -> Server:
+    """The benchmark's server start (its own process group, log to LOG_DIR/server_<name>.log)."""
     port = free_port()
     log_path = LOG_DIR / f"server_{name}.log"
     command = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), *args]
-    process = subprocess.Popen(
-        command,
-        stdout=log_path.open("w"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
-    )
-    return Server(name=name, port=port, process=process, log_path=log_path)
+    running = lifecycle.start_server(name, command, env or {}, log_path,
+                                     lifecycle.base_url_of("127.0.0.1", port))
+    return Server(name=name, port=port, process=running.process, log_path=log_path)
 
 
 def wait_healthy(server: Server) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"server {server.name} died:\n{server.log_tail()}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(server.url + "/health", timeout=5) as response:
-                if response.status == 200:
-                    return
-        time.sleep(1)
-    raise TimeoutError(f"server {server.name} not healthy in {START_TIMEOUT_S}s:\n{server.log_tail()}")
+    lifecycle.wait_until_healthy(_lifecycle_view(server), START_TIMEOUT_S, tail_lines=60)
 
 
 def stop_server(server: Server) -> None:
-    server.process.terminate()
-    try:
-        server.process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
+    """Stops the server's whole process group and waits until it is gone (its GPU memory free)."""
+    lifecycle.stop_server(_lifecycle_view(server))
 
 
 @contextlib.contextmanager

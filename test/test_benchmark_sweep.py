@@ -1,0 +1,128 @@
+"""The sweep's plan and its per-configuration flow (benchmark/sweep.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+
+import sweep  # noqa: E402
+from sweeplib import bench, bench_driver, results  # noqa: E402
+from benchmark_helpers import bench_result_line, counters, flag_values  # noqa: E402
+
+
+def test_bench_driver_command_carries_run_parameters():
+    settings = bench.BenchSettings(tokenizer="tok", input_len=512, output_len=256, seed=7,
+                                   visible_special_tokens=True, extra_args=("--tokenize-prompt",),
+                                   python="python3")
+    runs = ((1, 8), (16, 48))
+    command = bench.bench_driver_command([bench.RunGroup(settings, runs, "/tmp/x.jsonl")], "127.0.0.1", 30001)
+    assert command[1] == str(bench.DRIVER_PATH) and bench.DRIVER_PATH.exists()
+    [(parsed_runs, bench_flags)] = bench_driver.parse_groups(command[2:])
+    assert parsed_runs == list(runs)
+    flags = flag_values(bench_flags)
+    assert "--max-concurrency" not in flags and "--num-prompts" not in flags
+    assert flags["--port"] == ("30001",)
+    assert flags["--random-output-len"] == ("256",)
+    assert flags["--random-range-ratio"] == ("1.0",)
+    assert flags["--output-file"] == ("/tmp/x.jsonl",)
+    assert "--output-details" in flags and "--flush-cache" in flags and "--tokenize-prompt" in flags
+    body = json.loads(flags["--extra-request-body"][0])
+    assert body["sampling_params"]["max_new_tokens"] == 256
+    assert body["sampling_params"]["skip_special_tokens"] is False
+    plain_settings = bench.BenchSettings("tok", 512, 256, 7, False, (), "python3")
+    assert "--extra-request-body" not in bench.bench_serving_flags(plain_settings, "h", 1, "f")
+
+
+def test_warm_up_and_measured_runs_share_one_driver_process(tmp_path):
+    parser = sweep.build_parser()
+    args = parser.parse_args(["run", "--model-path", "m", "--draft-model-path", "d", "--out", str(tmp_path),
+                              "--concurrencies", "1,64", "--waves", "2", "--min-prompts", "4"])
+    plan = sweep.build_plan(args, tmp_path)
+    warm_up = sweep.warm_up_group(plan, tmp_path, "dynamic")
+    measured = bench.RunGroup(plan.bench_settings, ((1, 4), (64, 128)), str(tmp_path / "bench.jsonl"))
+    command = bench.bench_driver_command([warm_up, measured], "127.0.0.1", 30001)
+    assert command.count(bench_driver.GROUP_SEPARATOR) == 1
+    (warm_runs, warm_flags), (runs, flags) = bench_driver.parse_groups(command[2:])
+    assert warm_runs == [(1, 1), (64, 64)] and runs == [(1, 4), (64, 128)]
+    warm_flags, flags = flag_values(warm_flags), flag_values(flags)
+    assert warm_flags["--random-output-len"] == flags["--random-output-len"] == ("256",)
+    assert warm_flags["--output-file"] != flags["--output-file"]
+    assert {k: v for k, v in warm_flags.items() if k != "--output-file"} == \
+        {k: v for k, v in flags.items() if k != "--output-file"}
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_warm_up_output_length_below_one_is_refused(tmp_path, value):
+    args = sweep.build_parser().parse_args(["run", "--model-path", "m", "--out", str(tmp_path),
+                                            "--warmup-output-len", value])
+    with pytest.raises(ValueError, match="--warmup-output-len"):
+        sweep.build_plan(args, tmp_path)
+
+
+def test_warm_up_output_length_is_a_flag(tmp_path):
+    args = sweep.build_parser().parse_args(["run", "--model-path", "m", "--out", str(tmp_path),
+                                            "--warmup-output-len", "16"])
+    warm_up = sweep.warm_up_group(sweep.build_plan(args, tmp_path), tmp_path, "plain")
+    assert warm_up.settings.output_len == 16
+
+
+@given(concurrency=st.integers(1, 512), waves=st.integers(1, 5), min_prompts=st.integers(1, 64))
+def test_prompts_per_concurrency(concurrency, waves, min_prompts):
+    prompts = bench.prompts_for_concurrency(concurrency, waves, min_prompts)
+    assert prompts >= min_prompts and prompts >= waves * concurrency
+    assert prompts in (min_prompts, waves * concurrency)
+
+
+def test_quick_defaults_and_explicit_flags(tmp_path):
+    parser = sweep.build_parser()
+    base = ["run", "--model-path", "m", "--draft-model-path", "d", "--out", str(tmp_path)]
+    quick = sweep.build_plan(parser.parse_args(base + ["--quick"]), tmp_path)
+    assert quick.concurrencies == sweep.parse_int_list(sweep.QUICK_DEFAULTS["concurrencies"])
+    assert quick.bench_settings.output_len == sweep.QUICK_DEFAULTS["output_len"]
+    explicit = sweep.build_plan(parser.parse_args(base + ["--quick", "--concurrencies", "2,8"]), tmp_path)
+    assert explicit.concurrencies == [2, 8]
+    full = sweep.build_plan(parser.parse_args(base), tmp_path)
+    assert full.concurrencies == sweep.parse_int_list(sweep.FULL_DEFAULTS["concurrencies"])
+    assert (tmp_path / sweep.ADAPTIVE_CONFIG_FILE).exists()
+
+
+def test_config_window_is_the_previous_configuration_time_or_the_minimum():
+    assert sweep.config_window_s(90.0, None) == 90.0
+    assert sweep.config_window_s(90.0, 60.0) == 90.0
+    assert sweep.config_window_s(90.0, 194.0) == 194.0
+
+
+def test_configuration_skipped_without_a_server_when_its_window_is_not_left(tmp_path, monkeypatch):
+    parser = sweep.build_parser()
+    args = parser.parse_args(["run", "--model-path", "m", "--draft-model-path", "d", "--out", str(tmp_path)])
+    plan = sweep.build_plan(args, tmp_path)
+    document = results.new_results_document(["sweep"], sweep.plan_settings(plan))
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(sweep.server, "start_server", no_server)
+    deadline = sweep.Deadline(budget_s=120.0)
+    tail = sweep.sweep_config(plan, "dynamic", document, tmp_path, tmp_path, deadline, window_s=194.0)
+    assert tail == ""
+    assert document["configs"]["dynamic"]["status"] == "skipped"
+    assert document["configs"]["dynamic"]["error"] == "time budget spent"
+
+
+def test_run_record_takes_counters_after_from_the_result_line():
+    line = bench_result_line(5000.0, [0.03] * 4, [[0.01]] * 4)
+    line["max_concurrency"] = 64
+    line["server_info"] = {"internal_states": [{"dynamic_eagle": counters(110, 300, 1, 0, 0)}]}
+    record = sweep.record_from_result_line("dynamic", 4, line, counters(100, 20), wall_s=3.0)
+    assert record["concurrency"] == 64 and record["status"] == results.RUN_OK
+    assert record["mode_counters"]["delta"]["speculative_steps"] == 10
+    assert record["mode_counters"]["delta"]["plain_steps"] == 280
+    short = sweep.record_from_result_line("dynamic", 5, line, None, wall_s=3.0)
+    assert short["status"] == "incomplete" and short["mode_counters"]["delta"] is None
