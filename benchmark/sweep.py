@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sweeplib import bench, configs, mode_counters, results, server, ttft_probe
+from sweeplib import bench, bench_driver, configs, mode_counters, results, server, ttft_probe
 from sweeplib.report import write_report
 
 logger = logging.getLogger("sweep")
@@ -149,6 +149,8 @@ def bench_all_concurrencies(plan: SweepPlan, running: server.RunningServer, docu
     command = bench.bench_driver_command([warm_up, measured], plan.setup.host, plan.setup.port)
     state = {"counters": mode_counters.find_mode_counters(server.fetch_server_info(running.base_url)),
              "since": time.monotonic()}
+    # Counters after bench_serving's own warm-up request of each measured run, by concurrency.
+    after_warmup: dict[int, dict | None] = {}
     done: set[int] = set()
     warmed: set[int] = set()
 
@@ -158,9 +160,14 @@ def bench_all_concurrencies(plan: SweepPlan, running: server.RunningServer, docu
         if warmed == set(plan.concurrencies):
             logger.info("[%s] warmed up at concurrencies %s", config, plan.concurrencies)
 
+    def on_after_warmup(line: dict) -> None:
+        after_warmup[int(line["max_concurrency"])] = mode_counters.find_mode_counters(
+            line.get("server_info"))
+
     def on_result(line: dict) -> None:
         concurrency = int(line["max_concurrency"])
-        run = record_from_result_line(config, prompts[concurrency], line, state["counters"],
+        before = after_warmup.pop(concurrency, None) or state["counters"]
+        run = record_from_result_line(config, prompts[concurrency], line, before,
                                       time.monotonic() - state["since"])
         state.update(counters=run["mode_counters"]["after"], since=time.monotonic())
         done.add(concurrency)
@@ -169,7 +176,9 @@ def bench_all_concurrencies(plan: SweepPlan, running: server.RunningServer, docu
         logger.info("%s", progress_line(run))
 
     exit_code = bench.run_bench_driver(
-        command, [(Path(warm_up.output_file), on_warm_up_result), (Path(measured.output_file), on_result)],
+        command, [(Path(warm_up.output_file), on_warm_up_result),
+                  (Path(bench_driver.after_warmup_file(measured.output_file)), on_after_warmup),
+                  (Path(measured.output_file), on_result)],
         driver_log, timeout_s, server_alive=lambda: server.server_is_running(running))
     reason = {
         bench.TIMEOUT_EXIT_CODE: "time budget or --bench-timeout-s reached",

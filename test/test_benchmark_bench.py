@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 import sys
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,54 @@ def test_driver_goes_on_after_bench_serving_exits(monkeypatch):
     argv = ["1:1", "--", "--warm", bench_driver.GROUP_SEPARATOR, "1:4", "--", "--measured"]
     assert bench_driver.main(argv) == 1
     assert [call[0] for call in calls] == ["--warm", "--measured"]
+
+
+class FakeRequests:
+    """The parts of `requests` that flush_when_idle uses, answering like an sglang server."""
+
+    RequestException = OSError
+
+    def __init__(self, server_info: dict | None) -> None:
+        self.server_info = server_info
+        self.calls: list[str] = []
+
+    def post(self, url, params=None, timeout=None):
+        self.calls.append(f"POST {url}")
+        return types.SimpleNamespace(raise_for_status=lambda: None)
+
+    def get(self, url, timeout=None):
+        self.calls.append(f"GET {url}")
+        if self.server_info is None:
+            raise OSError("connection refused")
+        return types.SimpleNamespace(json=lambda: self.server_info)
+
+
+def test_each_runs_state_after_bench_servings_warm_up_is_recorded(monkeypatch, tmp_path):
+    """The flush after bench_serving's warm-up request is followed by a /server_info snapshot,
+    appended to the run's after-warm-up file with the run's concurrency."""
+    from sglang.benchmark import serving
+
+    output = tmp_path / "bench.jsonl"
+    fake = FakeRequests({"internal_states": [{"dynamic_eagle": {"speculative_steps": 7}}]})
+    monkeypatch.setitem(sys.modules, "requests", fake)
+    monkeypatch.setattr(serving, "cli_main",
+                        lambda: serving.flush_server_cache("http://h:1", "sglang"))
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+    assert bench_driver.main(["1:4", "8:16", "--", "--output-file", str(output)]) == 0
+    lines = [json.loads(line) for line in
+             Path(bench_driver.after_warmup_file(str(output))).read_text().splitlines()]
+    assert [line["max_concurrency"] for line in lines] == [1, 8]
+    assert lines[0]["server_info"]["internal_states"][0]["dynamic_eagle"] == {"speculative_steps": 7}
+    assert fake.calls[:2] == ["POST http://h:1/flush_cache", "GET http://h:1/server_info"]
+
+
+def test_a_failed_snapshot_leaves_the_run_without_one(monkeypatch, tmp_path):
+    from sglang.benchmark import serving
+
+    output = tmp_path / "bench.jsonl"
+    monkeypatch.setitem(sys.modules, "requests", FakeRequests(None))
+    monkeypatch.setattr(serving, "cli_main",
+                        lambda: serving.flush_server_cache("http://h:1", "sglang"))
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+    assert bench_driver.main(["1:4", "--", "--output-file", str(output)]) == 0
+    assert not Path(bench_driver.after_warmup_file(str(output))).exists()

@@ -126,3 +126,34 @@ def test_run_record_takes_counters_after_from_the_result_line():
     assert record["mode_counters"]["delta"]["plain_steps"] == 280
     short = sweep.record_from_result_line("dynamic", 5, line, None, wall_s=3.0)
     assert short["status"] == "incomplete" and short["mode_counters"]["delta"] is None
+
+
+def dynamic_info(spec: int, plain: int) -> dict:
+    return {"internal_states": [{"dynamic_eagle": counters(spec, plain)}]}
+
+
+def test_a_runs_counters_start_after_bench_servings_warm_up_request(tmp_path, monkeypatch):
+    """The counter change of a run is taken from the snapshot the driver records after
+    bench_serving's own warm-up request, not from the state after the previous run."""
+    args = sweep.build_parser().parse_args(["run", "--model-path", "m", "--draft-model-path", "d",
+                                            "--out", str(tmp_path), "--concurrencies", "2",
+                                            "--waves", "2", "--min-prompts", "4"])
+    plan = sweep.build_plan(args, tmp_path)
+    line = {**bench_result_line(1000.0, [0.03] * 4, [[0.005]] * 4), "max_concurrency": 2,
+            "server_info": dynamic_info(spec=180, plain=400)}
+
+    def fake_driver(command, watched, driver_log, timeout_s, server_alive):
+        (_, on_warm_up), (_, on_after_warmup), (_, on_result) = watched
+        on_warm_up({"max_concurrency": 2, "server_info": dynamic_info(spec=10, plain=0)})
+        on_after_warmup({"max_concurrency": 2, "server_info": dynamic_info(spec=170, plain=0)})
+        on_result(line)
+        return 0
+
+    monkeypatch.setattr(sweep.bench, "run_bench_driver", fake_driver)
+    monkeypatch.setattr(sweep.server, "fetch_server_info", lambda url: dynamic_info(0, 0))
+    running = sweep.server.RunningServer("dynamic", None, tmp_path / "server.log", "http://h:1")
+    document = {"runs": []}
+    sweep.bench_all_concurrencies(plan, running, document, tmp_path, tmp_path, sweep.Deadline(None))
+    (run,) = document["runs"]
+    delta = run["mode_counters"]["delta"]
+    assert (delta["speculative_steps"], delta["plain_steps"]) == (10, 400)

@@ -338,7 +338,7 @@ def render_markdown(document: dict) -> str:
          "verify steps that accept one token, so at large batches this approaches 1.0; its "
          "acceptance in speculative steps alone is in the mode-counter table below.", "",
          *accept_length_table(document)],
-        ["## EAGLE3_DYNAMIC mode counters (change over each run, warmup request included)", "",
+        ["## EAGLE3_DYNAMIC mode counters (change over each run's measured requests; older result files: bench_serving's warm-up request included)", "",
          *mode_counter_table(document)],
         ["## EAGLE3_DYNAMIC prefill GPU time (change over each run)", "",
          "From CUDA events around each prefill's target extend and draft extend: what the "
