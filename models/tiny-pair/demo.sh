@@ -15,7 +15,7 @@ python3 -m sglang.launch_server --model-path target --port "$port" \
   --speculative-disable-batch-threshold 2 --speculative-enable-batch-threshold 2 \
   > "$log" 2>&1 &
 server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -f "$log"' EXIT
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true; rm -f "$log"' EXIT
 until curl -sf "$url/health" > /dev/null; do
   if ! kill -0 $server 2>/dev/null; then echo "server exited; last log lines:"; tail -20 "$log"; exit 1; fi
   sleep 2
