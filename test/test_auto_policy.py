@@ -914,6 +914,18 @@ def test_prior_only_leave_probe_is_once_per_bucket_per_refresh_interval() -> Non
     assert back[-1] is PLAIN and policy.report()["probes"] == 1
 
 
+def test_the_prior_guard_probes_once_per_refresh_interval_whatever_the_bucket() -> None:
+    """Prefill-heavy load: decode steps at ever new batch sizes, none of which a probe can
+    measure. One probe, then the prior decides (a probe per new bucket kept speculating on
+    every decode step of a prefill-only benchmark)."""
+    table = spec_prior_table(gain=0.2)
+    policy = make(SPEC, probe_steps=P, refresh_interval=10_000)
+    sizes = [BUCKETS[i % len(BUCKETS)] for i in range(P + K + 20)]
+    modes = feed(policy, sizes, table, 1.0)
+    assert modes[-1] is PLAIN and modes.count(SPEC) == P + K - 1
+    assert policy.report()["probes"] == 1
+
+
 def test_no_probe_when_the_prior_says_stay() -> None:
     table = spec_prior_table(gain=2.0)
     policy = make(SPEC, probe_steps=P, refresh_interval=10_000)

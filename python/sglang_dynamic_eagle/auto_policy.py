@@ -17,9 +17,10 @@ indexed by CUDA-graph bucket (the padded batch size a step really runs). The pol
 * probes: a few steps in the other mode (``probe_steps``) when that mode's cost at this bucket
   was never measured and the estimated gain is within ``cost_probe_band`` of 1 (so a wrong
   start-up estimate cannot decide a close call); as many more speculative steps before
-  speculation is left while no speculative cost has been measured at all (so a start-up
-  estimate that overrates speculative steps cannot keep speculation off for good; one
-  measured bucket rescales the others); and, while plain, when no verify ran for
+  speculation is left while no speculative cost has been measured at all, once per
+  ``refresh_interval`` whatever the bucket (so a start-up estimate that overrates speculative
+  steps cannot keep speculation off for good, and a load that no probe can measure is not kept
+  speculating; one measured bucket rescales the others); and, while plain, when no verify ran for
   ``refresh_interval`` steps (``close_call_refresh_interval`` when the gain estimated from
   the old acceptance is above ``1 / (1 + close_call_band)``) and speculation could pay at this
   batch size with a perfect acceptance (so a workload whose acceptance rose is noticed, and a
@@ -132,9 +133,11 @@ class _Probe:
 
 @dataclass
 class _ProbeLog:
-    """Decode-step index of the latest cost probe of each (mode, bucket), and the count."""
+    """Decode-step index of the latest cost probe of each (mode, bucket) and of the latest
+    probe before leaving on the start-up prior, and the count."""
 
     by_bucket: Dict[Tuple[DecodeMode, int], int] = field(default_factory=dict)
+    prior_guard_step: Optional[int] = None
     count: int = 0
 
 
@@ -230,8 +233,11 @@ class CostPolicy:
         if leave and prior_only:
             # Never leave on the start-up prior alone: a prior that overrates speculative
             # steps would otherwise keep speculation off for good. One measured bucket
-            # rescales every unmeasured one, so this holds only until the first.
-            probed = self._probe_cost(DecodeMode.SPECULATIVE, spec.bucket)
+            # rescales every unmeasured one, so this holds only until the first. Once per
+            # refresh interval, whatever the bucket: where no probe can measure (a prefill
+            # between every two decode steps), a probe at each new batch size would keep
+            # speculating for good.
+            probed = self._probe_prior(spec.bucket)
             if probed is not None:
                 return probed
         if self._streak.advance(leave):
@@ -265,6 +271,16 @@ class CostPolicy:
     def _in_probe_band(self, gain: float) -> bool:
         band = self._config.cost_probe_band
         return 1 / (1 + band) < gain < 1 + band
+
+    def _probe_prior(self, bucket: int) -> Optional[DecodeMode]:
+        """A speculative probe before leaving on the prior; it also counts as this bucket's
+        speculative cost probe."""
+        last = self._probes.prior_guard_step
+        if last is not None and self._step - last < self._config.refresh_interval:
+            return None
+        self._probes.prior_guard_step = self._step
+        self._probes.by_bucket[(DecodeMode.SPECULATIVE, bucket)] = self._step
+        return self._start_probe(DecodeMode.SPECULATIVE)
 
     def _probe_cost(self, mode: DecodeMode, bucket: int) -> Optional[DecodeMode]:
         last = self._probes.by_bucket.get((mode, bucket))
