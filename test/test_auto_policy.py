@@ -926,6 +926,19 @@ def test_the_prior_guard_probes_once_per_refresh_interval_whatever_the_bucket() 
     assert policy.report()["probes"] == 1
 
 
+def test_plain_on_the_prior_alone_probes_speculation_again_after_the_refresh_interval() -> None:
+    """Left on the prior after the guard's one probe measured nothing (an overrated prior, gain
+    0.2, under which even every draft accepted would not pay): while no speculative step has
+    been timed, plain mode probes speculation again after the refresh interval, so such a start
+    cannot turn speculation off for good."""
+    table = spec_prior_table(gain=0.2)
+    interval = 30
+    policy = make(SPEC, probe_steps=P, refresh_interval=interval, max_acceptance=4.0)
+    assert feed(policy, [16] * (P + K), table, 1.0)[-1] is PLAIN
+    modes = feed(policy, [16] * (interval + 2), table, 1.0)
+    assert SPEC in modes and policy.report()["probes"] == 2
+
+
 def test_no_probe_when_the_prior_says_stay() -> None:
     table = spec_prior_table(gain=2.0)
     policy = make(SPEC, probe_steps=P, refresh_interval=10_000)

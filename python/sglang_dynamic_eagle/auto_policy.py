@@ -23,7 +23,8 @@ indexed by CUDA-graph bucket (the padded batch size a step really runs). The pol
   speculating; one measured bucket rescales the others); and, while plain, when no verify ran for
   ``refresh_interval`` steps (``close_call_refresh_interval`` when the gain estimated from
   the old acceptance is above ``1 / (1 + close_call_band)``) and speculation could pay at this
-  batch size with a perfect acceptance (so a workload whose acceptance rose is noticed, and a
+  batch size with a perfect acceptance, or no speculative step has been timed at all (so a
+  workload whose acceptance rose is noticed, a prior that left speculation is checked, and a
   close call is not left to a few unlucky verifies). A probe bypasses the patience
   and then returns to the mode it interrupted, where the rules above (and their patience)
   decide again with what it measured; each (mode, bucket) cost probe happens at most once per
@@ -220,7 +221,8 @@ class CostPolicy:
         entry_ms = spec.step_ms + costs.catchup_ms / self._config.catchup_horizon_steps
         entry_gain = speculative_gain(estimate, plain.step_ms, entry_ms)
         best_gain = speculative_gain(self._config.max_acceptance, plain.step_ms, entry_ms)
-        return self._from_plain(gain, entry_gain, best_gain, spec)
+        prior_only = not any(costs.speculative.measured)
+        return self._from_plain(gain, entry_gain, best_gain, spec, prior_only)
 
     def _from_speculative(
         self, gain: float, plain: CostLookup, spec: CostLookup, prior_only: bool
@@ -245,7 +247,8 @@ class CostPolicy:
         return DecodeMode.SPECULATIVE
 
     def _from_plain(
-        self, gain: float, entry_gain: float, best_gain: float, spec: CostLookup
+        self, gain: float, entry_gain: float, best_gain: float, spec: CostLookup,
+        prior_only: bool,
     ) -> DecodeMode:
         if self._streak.advance(entry_gain > 1 + self._config.margin):
             return DecodeMode.SPECULATIVE
@@ -253,7 +256,10 @@ class CostPolicy:
             probed = self._probe_cost(DecodeMode.SPECULATIVE, spec.bucket)
             if probed is not None:
                 return probed
-        if best_gain > 1 + self._config.margin and self._acceptance_is_stale(entry_gain):
+        # With no speculative step ever timed, the prior may be what makes speculation look
+        # hopeless (and what left it): speculation is probed again after the refresh interval.
+        could_pay = prior_only or best_gain > 1 + self._config.margin
+        if could_pay and self._acceptance_is_stale(entry_gain):
             return self._start_probe(DecodeMode.SPECULATIVE) or DecodeMode.PLAIN
         return DecodeMode.PLAIN
 
