@@ -103,9 +103,10 @@ def run_record(config: str, concurrency: int, num_prompts: int, status: str, err
 
 
 def record_from_result_line(config: str, num_prompts: int, line: dict, counters_before: dict | None,
-                            wall_s: float) -> dict:
+                            wall_s: float, before_source: str = mode_counters.BEFORE_AFTER_WARMUP) -> dict:
     """A run record from one bench_serving result line. The line's server_info was fetched right
-    after the run, so it holds the mode counters after it."""
+    after the run, so it holds the mode counters after it; ``before_source`` says where the
+    counters before it come from."""
     parsed = bench.parse_bench_result(line)
     completed = parsed.metrics.get("completed") or 0
     record = run_record(
@@ -115,7 +116,8 @@ def record_from_result_line(config: str, num_prompts: int, line: dict, counters_
     )
     counters_after = mode_counters.find_mode_counters(line.get("server_info"))
     record.update(wall_s=wall_s, metrics=parsed.metrics, ttft_diagnostics=parsed.ttft_diagnostics,
-                  mode_counters={"before": counters_before, "after": counters_after,
+                  mode_counters={"before": counters_before, "before_source": before_source,
+                                 "after": counters_after,
                                  "delta": mode_counters.counter_delta(counters_before, counters_after)})
     return record
 
@@ -166,9 +168,11 @@ def bench_all_concurrencies(plan: SweepPlan, running: server.RunningServer, docu
 
     def on_result(line: dict) -> None:
         concurrency = int(line["max_concurrency"])
-        before = after_warmup.pop(concurrency, None) or state["counters"]
-        run = record_from_result_line(config, prompts[concurrency], line, before,
-                                      time.monotonic() - state["since"])
+        snapshot = after_warmup.pop(concurrency, None)
+        run = record_from_result_line(
+            config, prompts[concurrency], line, snapshot or state["counters"],
+            time.monotonic() - state["since"],
+            mode_counters.BEFORE_AFTER_WARMUP if snapshot else mode_counters.BEFORE_PREVIOUS_RUN)
         state.update(counters=run["mode_counters"]["after"], since=time.monotonic())
         done.add(concurrency)
         document["runs"].append(run)

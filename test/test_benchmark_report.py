@@ -86,6 +86,16 @@ def test_mode_counter_table_lists_dynamic_runs():
     assert f"{100 * 30 / 120:.1f}%" in table[2]
 
 
+def test_mode_counter_table_says_whether_a_runs_warm_up_request_is_counted():
+    delta = mode_counters.counter_delta(counters(10, 0), counters(40, 90))
+    after_warmup = ok_run("dynamic", 64, 5000.0, delta=delta)
+    after_warmup["mode_counters"]["before_source"] = mode_counters.BEFORE_AFTER_WARMUP
+    older = ok_run("dynamic", 128, 5000.0, delta=delta)
+    table = report.mode_counter_table(document_with([after_warmup, older], ["dynamic"]))
+    assert table[0].endswith("| warm-up request included |")
+    assert table[2].endswith("| no | no |") and table[3].endswith("| no | yes |")
+
+
 def test_prefill_table_shows_the_drafts_share_of_prefill_gpu_time():
     before = {**counters(10, 0), "prefill_batches": 2, "prefill_tokens": 1000,
               "prefill_target_gpu_ms": 50.0, "prefill_draft_gpu_ms": 2.0}

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
 
 import sweep  # noqa: E402
-from sweeplib import bench, bench_driver, results  # noqa: E402
+from sweeplib import bench, bench_driver, mode_counters, results  # noqa: E402
 from benchmark_helpers import bench_result_line, counters, flag_values  # noqa: E402
 
 
@@ -157,3 +157,4 @@ def test_a_runs_counters_start_after_bench_servings_warm_up_request(tmp_path, mo
     (run,) = document["runs"]
     delta = run["mode_counters"]["delta"]
     assert (delta["speculative_steps"], delta["plain_steps"]) == (10, 400)
+    assert run["mode_counters"]["before_source"] == mode_counters.BEFORE_AFTER_WARMUP

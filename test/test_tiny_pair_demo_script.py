@@ -48,3 +48,16 @@ def test_the_demo_prints_a_completion_and_the_counters_and_stops_its_server(tmp_
     assert printed["speculative_steps"] == "40" and printed["plain_steps"] == "80"
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0  # the server was stopped
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="the demo uses curl")
+def test_a_server_that_dies_at_start_up_is_reported_with_its_log(tmp_path) -> None:
+    shim = tmp_path / "python3"
+    shim.write_text("#!/bin/bash\necho 'CUDA error: no device'; exit 3\n")
+    shim.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "TMPDIR": str(tmp_path)}
+    result = subprocess.run(["bash", str(DEMO), str(free_port())], capture_output=True,
+                            text=True, env=env, timeout=60)
+    assert result.returncode == 1
+    assert "server not healthy" in result.stdout and "CUDA error: no device" in result.stdout
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["python3"]  # nothing left behind

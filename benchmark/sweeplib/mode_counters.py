@@ -36,6 +36,9 @@ POLICY_FIELDS: tuple[str, ...] = (
     "policy", "disable_batch_threshold", "enable_batch_threshold", "switch_patience",
     "crossover_batch", "acceptance_estimate",
 )
+# Where a run's "before" snapshot comes from (``before_source`` of its mode_counters record).
+BEFORE_AFTER_WARMUP = "after bench_serving's warm-up request"
+BEFORE_PREVIOUS_RUN = "after the previous run (bench_serving's warm-up request included)"
 
 
 def find_mode_counters(server_info: dict | None) -> dict | None:

@@ -150,6 +150,8 @@ def mode_counter_table(document: dict) -> list[str]:
             _format_number(delta.get(mode_counters.RUN_ACCEPT_FIELD), 2),
             _format_number(delta["mean_accept_length"], 2),
             "yes" if delta["counters_reset_during_run"] else "no",
+            "no" if (run.get("mode_counters") or {}).get("before_source")
+            == mode_counters.BEFORE_AFTER_WARMUP else "yes",
         ])
     if not rows:
         return ["No run reported EAGLE3_DYNAMIC mode counters (`dynamic_eagle` in /server_info)."]
@@ -157,7 +159,7 @@ def mode_counter_table(document: dict) -> list[str]:
         "config", "concurrency", "share of speculative steps", "spec steps", "plain steps",
         "switches to plain", "switches to spec", "catch-up tokens", "catch-up GPU ms",
         "accept length in spec steps (this run)", "mean accept length (server lifetime)",
-        "counters reset",
+        "counters reset", "warm-up request included",
     ]
     return _markdown_table(header, rows)
 
@@ -338,7 +340,10 @@ def render_markdown(document: dict) -> str:
          "verify steps that accept one token, so at large batches this approaches 1.0; its "
          "acceptance in speculative steps alone is in the mode-counter table below.", "",
          *accept_length_table(document)],
-        ["## EAGLE3_DYNAMIC mode counters (change over each run's measured requests; older result files: bench_serving's warm-up request included)", "",
+        ["## EAGLE3_DYNAMIC mode counters (change over each run)", "",
+         "From bench_serving's warm-up request of the run (after the flush that follows it) to "
+         "the run's end; where that snapshot is missing (result files before 2026-12-01), from "
+         "the previous run's end, so the warm-up request is counted too.", "",
          *mode_counter_table(document)],
         ["## EAGLE3_DYNAMIC prefill GPU time (change over each run)", "",
          "From CUDA events around each prefill's target extend and draft extend: what the "

@@ -8,26 +8,32 @@ set -euo pipefail
 cd "$(dirname "$0")"
 port=${1:-30000}
 url=http://127.0.0.1:$port
-log=$(mktemp)
+start_timeout_s=600
+work=$(mktemp -d)
 python3 -m sglang.launch_server --model-path target --port "$port" \
   --speculative-algorithm EAGLE3_DYNAMIC --speculative-draft-model-path draft \
   --attention-backend triton --sampling-backend pytorch --cuda-graph-max-bs-decode 32 \
+  --disable-prefill-cuda-graph \
   --speculative-disable-batch-threshold 2 --speculative-enable-batch-threshold 2 \
-  > "$log" 2>&1 &
+  > "$work/server.log" 2>&1 &
 server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true; rm -f "$log"' EXIT
+trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true; rm -rf "$work"' EXIT
+started=$SECONDS
 until curl -sf "$url/health" > /dev/null; do
-  if ! kill -0 $server 2>/dev/null; then echo "server exited; last log lines:"; tail -20 "$log"; exit 1; fi
+  if ! kill -0 $server 2>/dev/null || (( SECONDS - started > start_timeout_s )); then
+    echo "server not healthy; last log lines:"; tail -20 "$work/server.log"; exit 1
+  fi
   sleep 2
 done
+requests=()
 for tokens in 16 32 48 64; do
   curl -s "$url/generate" -H 'Content-Type: application/json' \
     -d "{\"text\": \"def main(\", \"sampling_params\": {\"max_new_tokens\": $tokens, \"temperature\": 0}}" \
-    > "$log.$tokens" &
+    > "$work/completion.$tokens" &
+  requests+=($!)
 done
-wait $(jobs -p | grep -v "^$server$")
-python3 -c 'import json,sys; print("completion of 64 tokens:", repr(json.load(open(sys.argv[1]))["text"]))' "$log.64"
-rm -f "$log".*
+wait "${requests[@]}"
+python3 -c 'import json,sys; print("completion of 64 tokens:", repr(json.load(open(sys.argv[1]))["text"]))' "$work/completion.64"
 curl -s "$url/server_info" | python3 -c '
 import json, sys
 counters = json.load(sys.stdin)["internal_states"][0]["dynamic_eagle"]
