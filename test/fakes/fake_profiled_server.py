@@ -8,14 +8,15 @@ Chrome trace with one 10 us kernel per profiled step, the way sglang's profiler 
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+
+from json_http import JsonHandler, port_argument
 
 STEP_S = 0.02
 TOKENS_PER_STEP = 1000
@@ -55,38 +56,25 @@ class Scheduler:
 SCHEDULER = Scheduler()
 
 
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args) -> None:
-        pass
-
-    def _reply(self, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
+class Handler(JsonHandler):
     def do_GET(self) -> None:
-        self._reply({"ok": True})
+        self.reply({"ok": True})
 
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        body = self.read_json()
         if self.path == "/start_profile":
             with SCHEDULER.lock:
                 SCHEDULER.profile = body
-            self._reply({"success": True})
+            self.reply({"success": True})
         else:
             time.sleep(0.01)
-            self._reply({"output_ids": [1]})
+            self.reply({"output_ids": [1]})
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
-    args, _ = parser.parse_known_args()
+    port = port_argument()
     threading.Thread(target=SCHEDULER.run, daemon=True).start()
-    ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 
 if __name__ == "__main__":
