@@ -217,7 +217,8 @@ def progress_line(record: dict) -> str:
 
 def config_record(plan: SweepPlan, command: list[str]) -> dict:
     return {
-        "status": "skipped", "error": None, "server_command": command,
+        "status": "skipped", "error": None,
+        "server_command": [results.shown_paths(part) for part in command],
         "server_env": plan.server_env, "startup_s": None, "max_running_requests": None,
         "server_version": None, "dynamic_policy": {}, "ttft_probe": None,
     }

@@ -199,3 +199,13 @@ def test_report_recomputes_a_runs_counter_change_from_its_snapshots():
     assert mode_counters.run_delta(record)["speculative_accept_length"] == pytest.approx(3.0)
     assert mode_counters.run_delta({"before": None, "after": None, "delta": stale}) == stale
     assert mode_counters.run_delta(None) is None
+
+
+def test_recorded_commands_write_the_offline_install_folder_as_kit_dir(tmp_path, monkeypatch):
+    kit = tmp_path / "kit"
+    monkeypatch.setenv("KIT_DIR", str(kit))
+    command = ["python3", "sweep.py", "--model-path", f"{kit}/models/llama8b"]
+    document = results.new_results_document(command, {})
+    assert document["sources"][0]["command_line"].endswith("--model-path $KIT_DIR/models/llama8b")
+    monkeypatch.delenv("KIT_DIR")
+    assert results.shown_paths(f"{kit}/models/llama8b") == f"{kit}/models/llama8b"

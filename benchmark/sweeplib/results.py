@@ -51,12 +51,26 @@ def installed_sglang_version() -> str | None:
         return None
 
 
+KIT_DIR_ENV = "KIT_DIR"
+
+
+def shown_paths(text: str) -> str:
+    """``text`` with the folder of an offline sglang install (``$KIT_DIR``, where it is set)
+    written as ``$KIT_DIR``, so that recorded commands read the same on every machine."""
+    kit_dir = os.environ.get(KIT_DIR_ENV, "").rstrip("/")
+    if not kit_dir:
+        return text
+    for folder in {str(Path(kit_dir).resolve()), kit_dir}:
+        text = text.replace(folder + "/", "$KIT_DIR/")
+    return text
+
+
 def new_results_document(command_line: list[str], settings: dict) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "sources": [{
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command_line": shlex.join(command_line),
+            "command_line": shown_paths(shlex.join(command_line)),
             "gpu": gpu_name(),
             "sglang_version": installed_sglang_version(),
             "settings": settings,

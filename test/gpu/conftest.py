@@ -24,8 +24,9 @@ from gpu_servers import (
 
 @pytest.fixture(scope="session")
 def kit_models() -> Path:
-    if not (KIT_MODELS / "llama8b" / "config.json").exists():
-        pytest.fail(f"GPU kit models not found at {KIT_MODELS}; run test/gpu/run_on_device.sh")
+    if KIT_MODELS is None or not (KIT_MODELS / "llama8b" / "config.json").exists():
+        pytest.fail(f"8B-shaped model folders not found at {KIT_MODELS}: set SGLANG_DE_MODELS to "
+                    "a folder holding llama8b/ and eagle3-llama8b/")
     return KIT_MODELS
 
 

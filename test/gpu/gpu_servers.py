@@ -2,7 +2,7 @@
 
 These tests need a CUDA GPU and sglang 0.5.17 with this package installed
 (``bash test/gpu/run_on_device.sh`` sets that up on the project's GPU machine).
-Model folders come from ``SGLANG_DE_MODELS`` (default ``.gpu-kit/models``).
+The 8B-shaped model folders come from ``SGLANG_DE_MODELS``, else ``$KIT_DIR/models``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "benchmark"))
 from sweeplib import server as lifecycle  # noqa: E402  (the benchmark's server lifecycle)
 
-KIT_MODELS = Path(os.environ.get("SGLANG_DE_MODELS", REPO_ROOT / ".gpu-kit" / "models"))
+_MODELS_FOLDER = os.environ.get("SGLANG_DE_MODELS") or (
+    os.path.join(os.environ["KIT_DIR"], "models") if os.environ.get("KIT_DIR") else None)
+KIT_MODELS: Optional[Path] = Path(_MODELS_FOLDER) if _MODELS_FOLDER else None
 TINY_PAIR = REPO_ROOT / "models" / "tiny-pair"
 TINY_PAIR_DTYPE = os.environ.get("TINY_PAIR_DTYPE", "float32")
 # EAGLE3_DYNAMIC fixed thresholds for the switching tests: small enough that a handful of

@@ -1,12 +1,12 @@
 #!/bin/bash
-# Runs GPU tests on a machine set up with the runtime kit named by KIT_DIR (default .gpu-kit,
-# a copy of the kit that serves sglang 0.5.17 offline):
+# Runs GPU tests on a machine whose offline sglang 0.5.17 install is the folder named by KIT_DIR
+# (its setup.sh and models/):
 #   bash test/gpu/run_on_device.sh [pytest args]
-# On any machine with a CUDA GPU, sglang 0.5.17, this package and test/gpu/native_ops_plugin
-# installed, `python -m pytest -m gpu test/gpu` runs both suites.
+# On any other machine with a CUDA GPU, sglang 0.5.17, this package and test/gpu/native_ops_plugin
+# installed, run the README's pytest selections directly.
 set -o pipefail
 cd "$(dirname "$0")/../.."
-KIT_DIR=${KIT_DIR:-.gpu-kit}
+KIT_DIR=${KIT_DIR:?set KIT_DIR to the folder of the offline sglang 0.5.17 install (its setup.sh and models/)}
 export KIT_DIR
 source "$KIT_DIR/setup.sh" || exit 1
 python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . -e test/gpu/native_ops_plugin || exit 1
