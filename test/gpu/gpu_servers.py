@@ -200,6 +200,12 @@ class LazyServers:
             wait_healthy(server)
         return self._started[name]
 
+    def stop(self, name: str) -> None:
+        """Stops one server if it runs, freeing its GPU memory for the next start."""
+        server = self._started.pop(name, None)
+        if server is not None:
+            stop_server(server)
+
     def stop_all(self) -> None:
         for server in self._started.values():
             stop_server(server)

@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 # minutes). Its tree and catch-up-control tests start servers of their own (about 45-90 s
 # each) and need a call each: run_on_device.sh test/gpu/test_dynamic_eagle_tiny.py -k tree
 # (three servers), then -k control (two). So does each other module, one per call: the
-# 8B-shaped test/gpu/test_dynamic_eagle_dummy8b.py (five servers, about 8 minutes; its
+# 8B-shaped test/gpu/test_dynamic_eagle_dummy8b.py (five servers, at most four at once, about 9 minutes; its
 # negative control alone with -k negative_control, the rest with -k "not negative_control"),
 # the README's tiny-pair demo test/gpu/test_quickstart_demo.py, the soak test/gpu/test_soak.py, and
 # test/gpu/test_dynamic_eagle_configurations.py with -k non_overlap, -k mla_moe or -k flashinfer.
