@@ -14,20 +14,24 @@ _spec.loader.exec_module(token_comparison)
 
 
 
-def plain_output(ids, top_two_at):
-    """A plain server's output whose top-2 (logprob, token id) at each position are given."""
+def plain_output(ids, top_at):
+    """A plain server's output whose top (logprob, token id) after its own token are given per
+    position: (best logprob, (logprob, token id), ...)."""
     return {
         "output_ids": ids,
         "meta_info": {
             "output_top_logprobs": [
-                [(best, ids[i], None), (second, second_id, None)]
-                for i, (best, second, second_id) in enumerate(top_two_at)
+                [(best, ids[i], None)] + [(logprob, token, None) for logprob, token in others]
+                for i, (best, *others) in enumerate(top_at)
             ]
         },
     }
 
 
-PLAIN = plain_output([5, 6, 7], [(-0.5, -1.5, 9), (-1.0, -1.0625, 8), (-0.2, -0.2004, 4)])
+PLAIN = plain_output(
+    [5, 6, 7],
+    [(-0.5, (-1.5, 9)), (-1.0, (-1.0625, 8), (-1.125, 3)), (-0.2, (-0.2004, 4), (-0.3, 2))],
+)
 BF16 = token_comparison.bf16_flip_margin([PLAIN])  # 8 units of 0.0625
 
 
@@ -40,29 +44,39 @@ def test_equal_outputs_have_no_differences() -> None:
     assert (comparison.ties, comparison.flips, comparison.failures) == ([], [], [])
 
 
-def test_a_difference_below_the_tie_margin_is_a_tie_under_both_rules() -> None:
+def test_a_gap_below_the_tie_margin_is_a_tie_under_both_rules() -> None:
     for flip_margin in (None, BF16):
         comparison = compare([5, 6, 4], flip_margin)
         assert [(d.prompt, d.position) for d in comparison.ties] == [(0, 2)]
         assert not comparison.failures and comparison.above_tie_margin == 0
 
 
+def test_a_third_choice_beyond_the_tie_margin_is_no_tie_under_a_tied_top_two() -> None:
+    comparison = compare([5, 6, 2], None)
+    assert [d.as_tuple() for d in comparison.failures] == [(0, 2, 0.0004, 0.1)]
+
+
 def test_a_runner_up_within_the_bf16_margin_is_a_flip_only_under_the_bf16_rule() -> None:
     bf16 = compare([5, 8, 7], BF16)
-    assert [d.as_tuple() for d in bf16.flips] == [(0, 1, 0.0625, True)]
+    assert [d.as_tuple() for d in bf16.flips] == [(0, 1, 0.0625, 0.0625)]
     assert not bf16.failures and bf16.above_tie_margin == 1
     float32 = compare([5, 8, 7], None)
-    assert [d.as_tuple() for d in float32.failures] == [(0, 1, 0.0625, True)]
+    assert [d.as_tuple() for d in float32.failures] == [(0, 1, 0.0625, 0.0625)]
 
 
-def test_a_token_outside_the_plain_top_two_fails_even_at_a_small_margin() -> None:
+def test_a_third_choice_within_the_bf16_margin_is_a_flip() -> None:
     comparison = compare([5, 3, 7], BF16)
-    assert [d.as_tuple() for d in comparison.failures] == [(0, 1, 0.0625, False)]
+    assert [d.as_tuple() for d in comparison.flips] == [(0, 1, 0.0625, 0.125)]
+
+
+def test_a_token_outside_the_plain_top_logprobs_fails_even_at_a_small_margin() -> None:
+    comparison = compare([5, 11, 7], BF16)
+    assert [d.as_tuple() for d in comparison.failures] == [(0, 1, 0.0625, float("inf"))]
 
 
 def test_a_runner_up_beyond_the_bf16_margin_fails() -> None:
     comparison = compare([9, 6, 7], BF16)
-    assert [d.as_tuple() for d in comparison.failures] == [(0, 0, 1.0, True)]
+    assert [d.as_tuple() for d in comparison.failures] == [(0, 0, 1.0, 1.0)]
 
 
 def test_a_shorter_output_fails() -> None:
@@ -73,7 +87,7 @@ def test_a_shorter_output_fails() -> None:
 def test_the_bf16_margin_is_eight_units_read_from_the_plain_margins() -> None:
     assert token_comparison.logit_unit([PLAIN]) == pytest.approx(0.0625)  # the tie ignored
     assert BF16 == pytest.approx(0.5)
-    only_ties = plain_output([5], [(-0.2, -0.2004, 4)])
+    only_ties = plain_output([5], [(-0.2, (-0.2004, 4))])
     assert token_comparison.bf16_flip_margin([only_ties]) == 0.0
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from token_comparison import bf16_flip_margin, compare_outputs, flip_allowance
+from token_comparison import TOP_LOGPROBS, bf16_flip_margin, compare_outputs, flip_allowance
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "benchmark"))
@@ -312,7 +312,7 @@ def assert_lossless_across_switches(
     before = dynamic.dynamic_counters()
     outputs = send_in_waves(dynamic, prompts, wave_size)
     after = dynamic.dynamic_counters()
-    expected = send_in_waves(plain, prompts, wave_size, top_logprobs_num=2)
+    expected = send_in_waves(plain, prompts, wave_size, top_logprobs_num=TOP_LOGPROBS)
     flip_margin = bf16_flip_margin(expected)
     comparison = compare_outputs(outputs, expected, flip_margin)
     switches = {key: after[key] - before.get(key, 0)

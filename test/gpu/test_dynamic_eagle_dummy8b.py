@@ -35,7 +35,13 @@ from gpu_servers import (
     make_prompts,
     send_in_waves,
 )
-from token_comparison import bf16_flip_margin, compare_outputs, first_difference, flip_allowance
+from token_comparison import (
+    TOP_LOGPROBS,
+    bf16_flip_margin,
+    compare_outputs,
+    first_difference,
+    flip_allowance,
+)
 
 from sglang_dynamic_eagle.host_syncs import SYNC_CHECK_ENV
 
@@ -135,7 +141,7 @@ def test_automatic_policy_measures_costs_and_stays_plain_without_acceptance(serv
     prompts = make_prompts(32, seed=4)
     auto = servers["dynamic_auto"]
     outputs = send_in_waves(auto, prompts, wave_size=8)
-    plain = send_in_waves(servers["plain"], prompts, wave_size=8, top_logprobs_num=2)
+    plain = send_in_waves(servers["plain"], prompts, wave_size=8, top_logprobs_num=TOP_LOGPROBS)
     report = auto.dynamic_counters()
     comparison = compare_outputs(outputs, plain, bf16_flip_margin(plain))
     print(
@@ -181,7 +187,7 @@ def test_bad_token_ids_are_refused_while_the_load_is_served(servers, kit_models)
         refused = [pool.submit(post_generate_status, server, ids) for ids in bad_prompts]
         outputs = [future.result() for future in load]
         statuses = [future.result() for future in refused]
-    plain = send_in_waves(servers["plain"], prompts, wave_size=16, top_logprobs_num=2)
+    plain = send_in_waves(servers["plain"], prompts, wave_size=16, top_logprobs_num=TOP_LOGPROBS)
     comparison = compare_outputs(outputs, plain, bf16_flip_margin(plain))
     health = urllib.request.urlopen(server.url + "/health", timeout=30).status
     print(f"bad token ids: statuses {statuses}, load {comparison.summary()}, health {health}")
@@ -205,9 +211,9 @@ def test_prefills_and_plain_steps_do_not_wait_for_the_gpu(servers):
     ]
     dynamic = send_in_waves(servers["dynamic"], long_prompts, wave_size=24)
     dynamic += send_in_waves(servers["dynamic"], make_prompts(16, seed=7), WAVE_SIZE)
-    plain = send_in_waves(servers["plain"], long_prompts, wave_size=24, top_logprobs_num=2)
+    plain = send_in_waves(servers["plain"], long_prompts, wave_size=24, top_logprobs_num=TOP_LOGPROBS)
     plain += send_in_waves(servers["plain"], make_prompts(16, seed=7), WAVE_SIZE,
-                           top_logprobs_num=2)
+                           top_logprobs_num=TOP_LOGPROBS)
     comparison = compare_outputs(dynamic, plain, bf16_flip_margin(plain))
     counters = servers["dynamic"].dynamic_counters()
     syncs = counters["host_syncs"]
@@ -233,7 +239,7 @@ def test_negative_control_a_plain_step_writing_kv_one_slot_early_fails(servers):
     servers.stop("dynamic_auto")
     prompts = make_prompts(NUM_PROMPTS, seed=1)
     broken = send_in_waves(servers["dynamic_broken"], prompts, WAVE_SIZE)
-    plain = send_in_waves(servers["plain"], prompts, WAVE_SIZE, top_logprobs_num=2)
+    plain = send_in_waves(servers["plain"], prompts, WAVE_SIZE, top_logprobs_num=TOP_LOGPROBS)
     reference = send_in_waves(servers["eagle3"], prompts, WAVE_SIZE)
     flip_margin = bf16_flip_margin(plain)
     comparison = compare_outputs(broken, plain, flip_margin)
