@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,42 @@ def test_log_tail_keeps_last_lines_and_cuts_long_ones(tmp_path):
     tail = server.log_tail(log, 10).splitlines()
     assert len(tail) == 10 and tail[0] == "line 291"
     assert len(tail[-1]) < 1000
+
+
+# A stand-in server that ignores SIGTERM and starts a worker of its own, as sglang's launcher
+# starts its scheduler and detokenizer.
+STUBBORN_SERVER = (
+    "import signal, subprocess, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "worker = subprocess.Popen([sys.executable, '-c', "
+    "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+    "print(worker.pid, flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def process_is_gone(pid: int) -> bool:
+    """No such process, or a zombie left for init to reap."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_stop_server_ends_the_whole_group_without_waiting_on_sigterm(tmp_path):
+    log_path = tmp_path / "server.log"
+    running = server.start_server("stub", [sys.executable, "-c", STUBBORN_SERVER], {}, log_path,
+                                  server.base_url_of("127.0.0.1", 1))
+    deadline = time.monotonic() + 30
+    while not log_path.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker_pid = int(log_path.read_text().split()[0])
+    started = time.monotonic()
+    server.stop_server(running)
+    elapsed = time.monotonic() - started
+    assert running.process.poll() is not None
+    assert process_is_gone(worker_pid)
+    # A SIGTERM-first stop would wait out its grace period on this server.
+    assert elapsed < server.STOP_WAIT_S / 2
