@@ -18,7 +18,7 @@ from sglang_dynamic_eagle.auto_policy import (
     CostPolicy,
     CostPolicyConfig,
 )
-from sglang_dynamic_eagle.cost_model import CostTable, ModeCosts
+from sglang_dynamic_eagle.cost_model import CostTable, ModeCosts, speculative_gain
 from sglang_dynamic_eagle.policy import PATIENCE_FLAG, DecodeMode, StepObservation
 
 SPEC = DecodeMode.SPECULATIVE
@@ -28,6 +28,7 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48)
 CAP = 48  # the largest speculative graph: equal to the last bucket
 K = 4
 MAX_ACCEPTANCE = 4.0
+NO_DECISIVE_SWITCHES = 1e9  # a decisive band no gain leaves
 
 
 # --------------------------------------------------------------------------- helpers
@@ -69,6 +70,7 @@ def config(**overrides: object) -> CostPolicyConfig:
         max_speculative_batch=CAP,
         max_acceptance=MAX_ACCEPTANCE,
         probe_steps=0,  # probes off unless a test asks for them
+        decisive_band=NO_DECISIVE_SWITCHES,  # so is switching without the patience
     )
     values.update(overrides)
     return CostPolicyConfig(**values)  # type: ignore[arg-type]
@@ -572,6 +574,7 @@ def scenarios(draw: st.DrawFn) -> tuple[CostPolicyConfig, DecodeMode, CostTable,
         probe_steps=draw(st.sampled_from([0, 8])),
         refresh_interval=HUGE,
         close_call_refresh_interval=HUGE,
+        decisive_band=draw(st.sampled_from([0.0, 0.1, 0.3, NO_DECISIVE_SWITCHES])),
     )
     initial = draw(st.sampled_from(DecodeMode))
     return cfg, initial, draw(tables()), draw(batch_sizes(patience))
@@ -636,9 +639,26 @@ def test_property_no_flapping_faster_than_patience(scenario, acceptances: list) 
     previous = -1  # a virtual change just before the first step
     for i in switch_steps(initial, modes):
         forced = modes[i] is PLAIN and sizes[i] > cfg.max_speculative_batch
-        if not forced:
+        if not forced and not decisive(cfg, table, sizes[i], per_step[i], modes[i]):
             assert i - previous >= cfg.switch_patience, (i, previous, sizes[: i + 1])
         previous = i
+
+
+def decisive(
+    cfg: CostPolicyConfig, table: CostTable, batch_size: int, acceptance: float | None,
+    new_mode: DecodeMode,
+) -> bool:
+    """Whether a switch to ``new_mode`` at this step is one the policy may make without the
+    patience: the gain (catch-up included on the way in) lies beyond the decisive band."""
+    estimate = cfg.max_acceptance if acceptance is None else acceptance
+    plain_ms = table.plain.lookup(batch_size).step_ms
+    spec_ms = table.speculative.lookup(batch_size).step_ms
+    if new_mode is PLAIN:
+        gain = speculative_gain(estimate, plain_ms, spec_ms)
+        return gain < min(1 - cfg.margin, 1 / (1 + cfg.decisive_band))
+    entry_ms = spec_ms + table.catchup_ms / cfg.catchup_horizon_steps
+    gain = speculative_gain(estimate, plain_ms, entry_ms)
+    return gain > max(1 + cfg.margin, 1 + cfg.decisive_band)
 
 
 @PROPERTY_SETTINGS
@@ -1007,3 +1027,49 @@ def test_close_call_band_validation(band: float) -> None:
 def test_close_call_interval_validation() -> None:
     with pytest.raises(ValueError, match="close_call_refresh_interval"):
         config(close_call_refresh_interval=0)
+
+
+# --------------------------------------------------------------------------- decisive switches
+
+
+def test_a_decisive_loss_leaves_speculation_at_once() -> None:
+    table = flat_table(plain_ms=10.0, spec_ms=40.0)  # gain 0.5 at acceptance 2
+    assert feed(make(SPEC, decisive_band=0.3), [16] * 3, table, 2.0) == [PLAIN] * 3
+
+
+def test_a_loss_inside_the_decisive_band_waits_for_the_patience() -> None:
+    table = flat_table(plain_ms=10.0, spec_ms=23.5)  # gain 0.85
+    modes = feed(make(SPEC, decisive_band=0.3), [16] * (K + 1), table, 2.0)
+    assert modes == [SPEC] * (K - 1) + [PLAIN] * 2
+
+
+def test_a_decisive_win_returns_to_speculation_at_once_catchup_included() -> None:
+    assert feed(make(PLAIN, decisive_band=0.3), [4], flat_table(10.0, 10.0), 2.0) == [SPEC]
+    # The catch-up spread over the horizon brings the entry gain inside the band (1.25).
+    table = flat_table(plain_ms=10.0, spec_ms=10.0, catchup_ms=6.0 * 64)
+    modes = feed(make(PLAIN, decisive_band=0.3), [4] * K, table, 2.0)
+    assert modes == [PLAIN] * (K - 1) + [SPEC]
+
+
+def test_no_decisive_leave_on_the_start_up_prior_alone() -> None:
+    policy = make(SPEC, decisive_band=0.3, probe_steps=P, refresh_interval=10_000)
+    modes = feed(policy, [16] * (P + K), spec_prior_table(gain=0.2), 1.0)
+    assert modes[:P] == [SPEC] * P and modes[-1] is PLAIN
+    assert policy.report()["probes"] == 1
+
+
+def test_a_load_that_arrives_at_once_decodes_plainly_from_its_first_step() -> None:
+    """Costs measured by the server of the acceptance-3.0 sweep of 2026-12-01 (ms per step at
+    buckets 1, 64 and 128): speculating on an idle server, then 64 or 128 requests at once.
+    With the patience alone the first steps at 64 or 128 speculated at 0.76x and 0.45x of plain
+    decoding's throughput."""
+    table = measured_table({1: 5.8, 64: 7.56, 128: 9.1}, {1: 7.7, 64: 29.75, 128: 61.0})
+    for batch in (64, 128):
+        policy = CostPolicy(CostPolicyConfig(switch_patience=K, max_speculative_batch=128,
+                                             max_acceptance=MAX_ACCEPTANCE, probe_steps=0), SPEC)
+        assert feed(policy, [1] * 20, table, 3.0) == [SPEC] * 20
+        assert feed(policy, [batch] * 3, table, 3.0) == [PLAIN] * 3
+    patient = CostPolicy(CostPolicyConfig(switch_patience=K, max_speculative_batch=128,
+                                          max_acceptance=MAX_ACCEPTANCE, probe_steps=0,
+                                          decisive_band=NO_DECISIVE_SWITCHES), SPEC)
+    assert feed(patient, [1] * 20 + [128] * K, table, 3.0)[20:] == [SPEC] * (K - 1) + [PLAIN]

@@ -13,6 +13,12 @@ indexed by CUDA-graph bucket (the padded batch size a step really runs). The pol
 * leaves speculation after ``switch_patience`` consecutive steps with ``gain < 1 - margin``;
 * returns to it after ``switch_patience`` steps with ``gain > 1 + margin``, where ``t_spec``
   also carries the measured draft-KV catch-up cost spread over ``catchup_horizon_steps``;
+* switches at once, without the patience, when the gain is no close call: below
+  ``1 / (1 + decisive_band)`` while speculating, above ``1 + decisive_band`` (catch-up
+  included) while plain (or beyond the margin, if that is wider), once some speculative step has been timed (a load that arrives at
+  once, 64 requests after one, would otherwise pay ``switch_patience`` speculative steps at a
+  third of plain decoding's throughput; the patience is there for noise near the crossover,
+  and a gain this far from 1 is none);
 * forces plain decoding at once above the largest speculative CUDA graph;
 * probes: a few steps in the other mode (``probe_steps``) when that mode's cost at this bucket
   was never measured and the estimated gain is within ``cost_probe_band`` of 1 (so a wrong
@@ -56,6 +62,7 @@ DEFAULT_REFRESH_INTERVAL = 4096
 DEFAULT_CLOSE_CALL_REFRESH_INTERVAL = 256
 DEFAULT_COST_PROBE_BAND = 0.3
 DEFAULT_CLOSE_CALL_BAND = 0.1
+DEFAULT_DECISIVE_BAND = 0.3
 
 
 class AcceptanceEstimate:
@@ -105,6 +112,7 @@ class CostPolicyConfig:
     close_call_refresh_interval: int = DEFAULT_CLOSE_CALL_REFRESH_INTERVAL
     cost_probe_band: float = DEFAULT_COST_PROBE_BAND
     close_call_band: float = DEFAULT_CLOSE_CALL_BAND
+    decisive_band: float = DEFAULT_DECISIVE_BAND
 
     def __post_init__(self) -> None:
         check_int_at_least(PATIENCE_FLAG, self.switch_patience, 1)
@@ -113,7 +121,8 @@ class CostPolicyConfig:
         check_int_at_least("probe_steps", self.probe_steps, 0)
         check_int_at_least("refresh_interval", self.refresh_interval, 1)
         check_int_at_least("close_call_refresh_interval", self.close_call_refresh_interval, 1)
-        for name in ("max_acceptance", "margin", "cost_probe_band", "close_call_band"):
+        for name in ("max_acceptance", "margin", "cost_probe_band", "close_call_band",
+                     "decisive_band"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{name} must be a number, got {value!r}")
@@ -242,6 +251,9 @@ class CostPolicy:
             probed = self._probe_prior(spec.bucket)
             if probed is not None:
                 return probed
+        if not prior_only and gain < self._decisive_loss_below():
+            self._streak.reset()
+            return DecodeMode.PLAIN
         if self._streak.advance(leave):
             return DecodeMode.PLAIN
         return DecodeMode.SPECULATIVE
@@ -250,6 +262,9 @@ class CostPolicy:
         self, gain: float, entry_gain: float, best_gain: float, spec: CostLookup,
         prior_only: bool,
     ) -> DecodeMode:
+        if not prior_only and entry_gain > self._decisive_win_above():
+            self._streak.reset()
+            return DecodeMode.SPECULATIVE
         if self._streak.advance(entry_gain > 1 + self._config.margin):
             return DecodeMode.SPECULATIVE
         if not spec.measured and self._in_probe_band(gain):
@@ -273,6 +288,12 @@ class CostPolicy:
         if entry_gain > 1 / (1 + self._config.close_call_band):
             interval = min(interval, self._config.close_call_refresh_interval)
         return self._step - self._last_speculative_step >= interval
+
+    def _decisive_loss_below(self) -> float:
+        return min(1 - self._config.margin, 1 / (1 + self._config.decisive_band))
+
+    def _decisive_win_above(self) -> float:
+        return max(1 + self._config.margin, 1 + self._config.decisive_band)
 
     def _in_probe_band(self, gain: float) -> bool:
         band = self._config.cost_probe_band
