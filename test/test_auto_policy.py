@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_dynamic_eagle.auto_policy import (
+    DEFAULT_DECISIVE_BAND,
     AcceptanceEstimate,
     CostPolicy,
     CostPolicyConfig,
@@ -1065,11 +1066,8 @@ def test_a_load_that_arrives_at_once_decodes_plainly_from_its_first_step() -> No
     decoding's throughput."""
     table = measured_table({1: 5.8, 64: 7.56, 128: 9.1}, {1: 7.7, 64: 29.75, 128: 61.0})
     for batch in (64, 128):
-        policy = CostPolicy(CostPolicyConfig(switch_patience=K, max_speculative_batch=128,
-                                             max_acceptance=MAX_ACCEPTANCE, probe_steps=0), SPEC)
+        policy = make(SPEC, max_speculative_batch=128, decisive_band=DEFAULT_DECISIVE_BAND)
         assert feed(policy, [1] * 20, table, 3.0) == [SPEC] * 20
         assert feed(policy, [batch] * 3, table, 3.0) == [PLAIN] * 3
-    patient = CostPolicy(CostPolicyConfig(switch_patience=K, max_speculative_batch=128,
-                                          max_acceptance=MAX_ACCEPTANCE, probe_steps=0,
-                                          decisive_band=NO_DECISIVE_SWITCHES), SPEC)
+    patient = make(SPEC, max_speculative_batch=128)
     assert feed(patient, [1] * 20 + [128] * K, table, 3.0)[20:] == [SPEC] * (K - 1) + [PLAIN]
