@@ -76,3 +76,11 @@ def test_speculative_acceptance_of_a_run_comes_from_its_own_counts():
     only_plain = mode_counters.counter_delta(SPEC_COUNTS_AFTER, {**SPEC_COUNTS_AFTER, "plain_steps": 50})
     assert only_plain["speculative_accept_length"] is None
     assert mode_counters.counter_delta(counters(1, 0), counters(2, 0))["speculative_accept_length"] is None
+
+
+def test_mean_speculative_batch_of_a_run_comes_from_its_own_counts():
+    delta = mode_counters.counter_delta(SPEC_COUNTS_BEFORE, SPEC_COUNTS_AFTER)
+    assert delta["mean_speculative_batch"] == pytest.approx(60 / 20)
+    only_plain = mode_counters.counter_delta(SPEC_COUNTS_AFTER, {**SPEC_COUNTS_AFTER, "plain_steps": 50})
+    assert only_plain["mean_speculative_batch"] is None
+    assert mode_counters.counter_delta(counters(1, 0), counters(2, 0))["mean_speculative_batch"] is None

@@ -86,6 +86,15 @@ def test_mode_counter_table_lists_dynamic_runs():
     assert f"{100 * 30 / 120:.1f}%" in table[2]
 
 
+def test_mode_counter_table_shows_the_requests_per_speculative_step():
+    delta = mode_counters.counter_delta(SPEC_COUNTS_BEFORE, SPEC_COUNTS_AFTER)
+    table = report.mode_counter_table(document_with([ok_run("dynamic", 64, 5000.0, delta=delta)],
+                                                    ["dynamic"]))
+    header = [cell.strip() for cell in table[0].strip("|").split("|")]
+    row = [cell.strip() for cell in table[2].strip("|").split("|")]
+    assert row[header.index("requests per spec step")] == "3.0"
+
+
 def test_mode_counter_table_says_whether_a_runs_warm_up_request_is_counted():
     delta = mode_counters.counter_delta(counters(10, 0), counters(40, 90))
     after_warmup = ok_run("dynamic", 64, 5000.0, delta=delta)

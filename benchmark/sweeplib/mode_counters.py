@@ -32,6 +32,7 @@ OPTIONAL_COUNTER_FIELDS: tuple[str, ...] = (
 )
 MEAN_ACCEPT_FIELD = "mean_accept_length"
 RUN_ACCEPT_FIELD = "speculative_accept_length"
+RUN_SPECULATIVE_BATCH_FIELD = "mean_speculative_batch"
 POLICY_FIELDS: tuple[str, ...] = (
     "policy", "disable_batch_threshold", "enable_batch_threshold", "switch_patience",
     "crossover_batch", "acceptance_estimate",
@@ -63,7 +64,9 @@ def counter_delta(before: dict | None, after: dict | None) -> dict | None:
     If any required counter went down, the counters were reset in between, so the `after`
     values alone are the run's counts. mean_accept_length is the plugin's running value at
     `after` (over the server's lifetime); speculative_accept_length is the run's own figure
-    (tokens per request per speculative step), where the plugin reports the counts behind it.
+    (tokens per request per speculative step), and mean_speculative_batch its requests per
+    speculative step (speculation at a large batch is where it costs most), where the plugin
+    reports the counts behind them.
     """
     if before is None or after is None:
         return None
@@ -76,6 +79,9 @@ def counter_delta(before: dict | None, after: dict | None) -> dict | None:
     delta[MEAN_ACCEPT_FIELD] = after.get(MEAN_ACCEPT_FIELD)
     verified = delta.get("speculative_verified_requests")
     delta[RUN_ACCEPT_FIELD] = delta["speculative_accepted_tokens"] / verified if verified else None
+    spec_steps = delta["speculative_steps"]
+    delta[RUN_SPECULATIVE_BATCH_FIELD] = (
+        verified / spec_steps if verified is not None and spec_steps else None)
     return delta
 
 

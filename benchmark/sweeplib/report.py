@@ -144,7 +144,9 @@ def mode_counter_table(document: dict) -> list[str]:
         rows.append([
             run["config"], str(run["concurrency"]),
             "-" if fraction is None else f"{100 * fraction:.1f}%",
-            str(delta["speculative_steps"]), str(delta["plain_steps"]),
+            str(delta["speculative_steps"]),
+            _format_number(delta.get(mode_counters.RUN_SPECULATIVE_BATCH_FIELD)),
+            str(delta["plain_steps"]),
             str(delta["switches_to_plain"]), str(delta["switches_to_speculative"]),
             str(delta["catchup_tokens"]), _format_number(delta.get("catchup_gpu_ms")),
             _format_number(delta.get(mode_counters.RUN_ACCEPT_FIELD), 2),
@@ -156,7 +158,8 @@ def mode_counter_table(document: dict) -> list[str]:
     if not rows:
         return ["No run reported EAGLE3_DYNAMIC mode counters (`dynamic_eagle` in /server_info)."]
     header = [
-        "config", "concurrency", "share of speculative steps", "spec steps", "plain steps",
+        "config", "concurrency", "share of speculative steps", "spec steps",
+        "requests per spec step", "plain steps",
         "switches to plain", "switches to spec", "catch-up tokens", "catch-up GPU ms",
         "accept length in spec steps (this run)", "mean accept length (server lifetime)",
         "counters reset", "warm-up request included",
