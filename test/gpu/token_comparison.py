@@ -12,10 +12,10 @@ logprob minus the plain logprob of that token (infinite if the token is not amon
   place of the top logits. The logits are bf16, so every margin is a multiple of that unit (the
   8B-shaped dummy model's top logits lie in [4, 8), where it is 0.03125), and a kernel that
   reduces a row in another order (a verify over 4 tokens against a decode over one, a batch of
-  another size, a KV entry written by another kernel) moves a logit by a few units: gaps of 1
-  to 4 units in every difference of the first two runs (2026-12-01), two of them to the plain
-  third choice where the top three lay within one unit (one from sglang's own EAGLE3); the
-  margin allows twice that. The unit is read from the plain outputs themselves (their smallest
+  another size, a KV entry written by another kernel) moves a logit by a few units: top-2
+  margins of 1 to 4 units at every difference of the first two runs (2026-12-01), three of them
+  (one from sglang's own EAGLE3) to a token other than the plain second choice at a margin of
+  one unit, and gaps of at most 3 units under this rule; the margin allows twice the largest. The unit is read from the plain outputs themselves (their smallest
   top-2 margin above the tie margin), so the rule fits any bf16 model. Such a difference is not
   a tie under the 1e-3 rule, and sglang's own EAGLE3 server makes it as often (the 8B-shaped
   lossless test measures both). A token outside the plain top ``TOP_LOGPROBS``, or one whose
