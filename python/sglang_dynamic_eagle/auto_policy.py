@@ -15,10 +15,11 @@ indexed by CUDA-graph bucket (the padded batch size a step really runs). The pol
   also carries the measured draft-KV catch-up cost spread over ``catchup_horizon_steps``;
 * switches at once, without the patience, when the gain is no close call: below
   ``1 / (1 + decisive_band)`` while speculating, above ``1 + decisive_band`` (catch-up
-  included) while plain (or beyond the margin, if that is wider), once some speculative step has been timed (a load that arrives at
-  once, 64 requests after one, would otherwise pay ``switch_patience`` speculative steps at a
-  third of plain decoding's throughput; the patience is there for noise near the crossover,
-  and a gain this far from 1 is none);
+  included) while plain (or beyond the margin, if that is wider), once some speculative step
+  has been timed (a load that arrives at once, 128 requests after one, would otherwise pay
+  ``switch_patience`` speculative steps at an estimated 0.45x of plain decoding's throughput on
+  the 8B-shaped model; the patience is there for noise near the crossover, and a gain this far
+  from 1 is none);
 * forces plain decoding at once above the largest speculative CUDA graph;
 * probes: a few steps in the other mode (``probe_steps``) when that mode's cost at this bucket
   was never measured and the estimated gain is within ``cost_probe_band`` of 1 (so a wrong
