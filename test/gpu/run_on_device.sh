@@ -20,7 +20,8 @@ mkdir -p "$OUT"
 # 8B-shaped test/gpu/test_dynamic_eagle_dummy8b.py (five servers, at most four at once, about 9 minutes; its
 # negative control alone with -k negative_control, the rest with -k "not negative_control"),
 # the README's tiny-pair demo test/gpu/test_quickstart_demo.py, the soak test/gpu/test_soak.py, and
-# test/gpu/test_dynamic_eagle_configurations.py with -k non_overlap, -k mla_moe or -k flashinfer.
+# test/gpu/test_dynamic_eagle_configurations.py with -k non_overlap, -k fa3, -k mla_moe or
+# -k flashinfer.
 if [ $# -eq 0 ]; then
   set -- test/gpu/test_dynamic_eagle_tiny.py test/gpu/test_tiny_pair.py -k "not tree and not control"
 fi

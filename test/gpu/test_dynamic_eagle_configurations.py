@@ -1,10 +1,12 @@
 """EAGLE3_DYNAMIC in the configurations users run besides the default one, each against a plain
 server of the same configuration, in bf16 with dummy weights drawn by the test plugin
-(gpu_servers.DUMMY_WEIGHTS_ENV; a difference counts only as a numerical tie where the plain
-top-2 margin is below 1e-3):
+(gpu_servers.DUMMY_WEIGHTS_ENV), outputs judged by the bf16 rule of ``token_comparison``:
 
 * ``non_overlap``: ``--disable-overlap-schedule`` (sglang drives the spec-v2 worker
   synchronously, without the future map or on_publish), 8B-shaped Llama pair;
+* ``fa3``: FlashAttention-3 attention, sglang's default on Hopper, whose plain graphs get a
+  backend instance of their own built while the runner looks like a non-speculative one
+  (``plain_decode_graphs``), 8B-shaped Llama pair;
 * ``flashinfer``: flashinfer attention (sglang's default on SM120), whose plain graphs get a
   backend instance and workspace of their own, 8B-shaped Llama pair. flashinfer JIT-compiles
   its kernels on a machine's first start with them (minutes): run it after a call that warmed
@@ -51,6 +53,7 @@ CAPACITY_REQUESTS = 96
 # configuration -> (model pair, extra flags of both servers, extra flags of the dynamic one)
 CONFIGURATIONS: Dict[str, Tuple[str, List[str], List[str]]] = {
     "non_overlap": ("llama8b", ["--disable-overlap-schedule"], []),
+    "fa3": ("llama8b", ["--attention-backend", "fa3"], []),
     "flashinfer": ("llama8b", ["--attention-backend", "flashinfer"], []),
     "mla_moe": ("mla_moe", [], []),
 }
