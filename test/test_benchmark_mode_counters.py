@@ -70,17 +70,11 @@ def test_counter_delta_needs_both_snapshots():
     assert mode_counters.counter_delta(counters(1, 1), None) is None
 
 
-def test_speculative_acceptance_of_a_run_comes_from_its_own_counts():
+def test_speculative_acceptance_and_batch_of_a_run_come_from_its_own_counts():
     delta = mode_counters.counter_delta(SPEC_COUNTS_BEFORE, SPEC_COUNTS_AFTER)
     assert delta["speculative_accept_length"] == pytest.approx(180 / 60)
-    only_plain = mode_counters.counter_delta(SPEC_COUNTS_AFTER, {**SPEC_COUNTS_AFTER, "plain_steps": 50})
-    assert only_plain["speculative_accept_length"] is None
-    assert mode_counters.counter_delta(counters(1, 0), counters(2, 0))["speculative_accept_length"] is None
-
-
-def test_mean_speculative_batch_of_a_run_comes_from_its_own_counts():
-    delta = mode_counters.counter_delta(SPEC_COUNTS_BEFORE, SPEC_COUNTS_AFTER)
     assert delta["mean_speculative_batch"] == pytest.approx(60 / 20)
     only_plain = mode_counters.counter_delta(SPEC_COUNTS_AFTER, {**SPEC_COUNTS_AFTER, "plain_steps": 50})
-    assert only_plain["mean_speculative_batch"] is None
-    assert mode_counters.counter_delta(counters(1, 0), counters(2, 0))["mean_speculative_batch"] is None
+    without_counts = mode_counters.counter_delta(counters(1, 0), counters(2, 0))
+    for field in ("speculative_accept_length", "mean_speculative_batch"):
+        assert only_plain[field] is None and without_counts[field] is None
