@@ -650,16 +650,14 @@ def decisive(
     new_mode: DecodeMode,
 ) -> bool:
     """Whether a switch to ``new_mode`` at this step is one the policy may make without the
-    patience: the gain (catch-up included on the way in) lies beyond the decisive band."""
+    patience: leaving speculation at a gain below the decisive band."""
+    if new_mode is not PLAIN:
+        return False
     estimate = cfg.max_acceptance if acceptance is None else acceptance
     plain_ms = table.plain.lookup(batch_size).step_ms
     spec_ms = table.speculative.lookup(batch_size).step_ms
-    if new_mode is PLAIN:
-        gain = speculative_gain(estimate, plain_ms, spec_ms)
-        return gain < min(1 - cfg.margin, 1 / (1 + cfg.decisive_band))
-    entry_ms = spec_ms + table.catchup_ms / cfg.catchup_horizon_steps
-    gain = speculative_gain(estimate, plain_ms, entry_ms)
-    return gain > max(1 + cfg.margin, 1 + cfg.decisive_band)
+    gain = speculative_gain(estimate, plain_ms, spec_ms)
+    return gain < min(1 - cfg.margin, 1 / (1 + cfg.decisive_band))
 
 
 @PROPERTY_SETTINGS
@@ -1044,11 +1042,10 @@ def test_a_loss_inside_the_decisive_band_waits_for_the_patience() -> None:
     assert modes == [SPEC] * (K - 1) + [PLAIN] * 2
 
 
-def test_a_decisive_win_returns_to_speculation_at_once_catchup_included() -> None:
-    assert feed(make(PLAIN, decisive_band=0.3), [4], flat_table(10.0, 10.0), 2.0) == [SPEC]
-    # The catch-up spread over the horizon brings the entry gain inside the band (1.25).
-    table = flat_table(plain_ms=10.0, spec_ms=10.0, catchup_ms=6.0 * 64)
-    modes = feed(make(PLAIN, decisive_band=0.3), [4] * K, table, 2.0)
+def test_a_decisive_win_still_waits_for_the_patience() -> None:
+    """A load growing through the band would otherwise start speculating at its first small
+    batch; only leaving is decisive."""
+    modes = feed(make(PLAIN, decisive_band=0.3), [4] * K, flat_table(10.0, 10.0), 2.0)
     assert modes == [PLAIN] * (K - 1) + [SPEC]
 
 

@@ -13,13 +13,15 @@ indexed by CUDA-graph bucket (the padded batch size a step really runs). The pol
 * leaves speculation after ``switch_patience`` consecutive steps with ``gain < 1 - margin``;
 * returns to it after ``switch_patience`` steps with ``gain > 1 + margin``, where ``t_spec``
   also carries the measured draft-KV catch-up cost spread over ``catchup_horizon_steps``;
-* switches at once, without the patience, when the gain is no close call: below
-  ``1 / (1 + decisive_band)`` while speculating, above ``1 + decisive_band`` (catch-up
-  included) while plain (or beyond the margin, if that is wider), once some speculative step
-  has been timed (a load that arrives at once, 128 requests after one, would otherwise pay
+* leaves speculation at once, without the patience, when the gain is no close call: below
+  ``1 / (1 + decisive_band)`` (or below ``1 - margin``, if that is lower), once some speculative
+  step has been timed (a load that arrives at once, 128 requests after one, would otherwise pay
   ``switch_patience`` speculative steps at an estimated 0.45x of plain decoding's throughput on
   the 8B-shaped model; the patience is there for noise near the crossover, and a gain this far
-  from 1 is none);
+  from 1 is none). The way back keeps its patience: a batch that grows through the close-call
+  band while requests arrive (a decode step after each prefill chunk) would otherwise start
+  speculating at its first small size, pay a catch-up and speculate through the band, for a
+  gain of a few plain steps at a small batch when a load ends;
 * forces plain decoding at once above the largest speculative CUDA graph;
 * probes: a few steps in the other mode (``probe_steps``) when that mode's cost at this bucket
   was never measured and the estimated gain is within ``cost_probe_band`` of 1 (so a wrong
@@ -263,9 +265,6 @@ class CostPolicy:
         self, gain: float, entry_gain: float, best_gain: float, spec: CostLookup,
         prior_only: bool,
     ) -> DecodeMode:
-        if not prior_only and entry_gain > self._decisive_win_above():
-            self._streak.reset()
-            return DecodeMode.SPECULATIVE
         if self._streak.advance(entry_gain > 1 + self._config.margin):
             return DecodeMode.SPECULATIVE
         if not spec.measured and self._in_probe_band(gain):
@@ -292,9 +291,6 @@ class CostPolicy:
 
     def _decisive_loss_below(self) -> float:
         return min(1 - self._config.margin, 1 / (1 + self._config.decisive_band))
-
-    def _decisive_win_above(self) -> float:
-        return max(1 + self._config.margin, 1 + self._config.decisive_band)
 
     def _in_probe_band(self, gain: float) -> bool:
         band = self._config.cost_probe_band
