@@ -219,7 +219,64 @@ def test_estimate_scales_calibration_by_nearest_measured_bucket_of_same_mode() -
     assert plain[2] == pytest.approx(1.5 * cal[2])  # measured
     assert plain[4] == pytest.approx(1.5 * cal[4])  # 2 is nearer than 8
     assert plain[6] == pytest.approx(3.0 * cal[6])
-    assert plain[16] == pytest.approx(3.0 * cal[16])
+    # Above the largest measured bucket the line through 2 and 8 (slope 6) is the larger.
+    assert plain[16] == pytest.approx(max(3.0 * cal[16], 54.0 + 6.0 * 8))
+
+
+def test_above_the_largest_measured_buckets_their_trend_is_a_floor() -> None:
+    measured = costs()
+    cal = CALIBRATION[PLAIN]
+    measure_at(measured, PLAIN, 4, cal[4])
+    measure_at(measured, PLAIN, 6, cal[6] + 10.0)  # steeper than the calibration: slope 6
+    assert as_dict(measured.table().plain)[16] == pytest.approx(26.0 + 6.0 * 10)
+    assert not measured.table().plain.measured[-1]
+
+
+def test_where_the_scaled_calibration_is_larger_it_stays() -> None:
+    calibration = {PLAIN: {**CALIBRATION[PLAIN], 16: 100.0}, SPEC: dict(CALIBRATION[SPEC])}
+    measured = costs(calibration)
+    measure_at(measured, PLAIN, 4, 14.0)
+    measure_at(measured, PLAIN, 8, 18.0)  # scale 1, slope 1: the line gives 26 at 16
+    assert as_dict(measured.table().plain)[16] == pytest.approx(100.0)
+
+
+def test_no_trend_from_one_measured_bucket_or_below_the_largest() -> None:
+    measured = costs()
+    cal = CALIBRATION[PLAIN]
+    measure_at(measured, PLAIN, 8, 2.0 * cal[8])
+    assert as_dict(measured.table().plain)[16] == pytest.approx(2.0 * cal[16])
+    measure_at(measured, PLAIN, 16, 2.0 * cal[16] + 50.0)
+    # Below the largest measured bucket only the scaled calibration counts.
+    assert as_dict(measured.table().plain)[1] == pytest.approx(2.0 * cal[1])
+
+
+def test_a_falling_trend_does_not_lower_the_estimate() -> None:
+    measured = costs()
+    cal = CALIBRATION[PLAIN]
+    measure_at(measured, PLAIN, 4, 30.0)
+    measure_at(measured, PLAIN, 8, 18.0)  # scale 1 at 8, slope -3
+    assert as_dict(measured.table().plain)[16] == pytest.approx(cal[16])
+
+
+def test_the_speculative_cost_at_64_of_the_acceptance_3_sweep() -> None:
+    """The 8B-shaped sweep of 2026-12-01: speculative buckets 1-32 measured, 64 and 128 scaled
+    from 32 (29.75 and 51.5 ms); 64 then measured 35.2 ms. The line through 16 and 32 gives
+    33.2 at 64, where speculation at acceptance 3 (plain 7.56 ms) no longer looks like a close
+    call worth a probe."""
+    buckets = {PLAIN: (64,), SPEC: (1, 4, 16, 32, 64, 128)}
+    scale = 20.347 / 10.0
+    calibration = {PLAIN: {64: 7.0}, SPEC: {1: 3.0, 4: 3.5, 16: 6.0, 32: 10.0,
+                                            64: 29.751 / scale, 128: 51.515 / scale}}
+    measured = MeasuredCosts(buckets, calibration)
+    for bucket, step_ms in {1: 7.733, 4: 8.379, 16: 13.903, 32: 20.347}.items():
+        measure_at(measured, SPEC, bucket, step_ms)
+    measure_at(measured, PLAIN, 64, 7.563)
+    table = measured.table()
+    spec = as_dict(table.speculative)
+    slope = (20.347 - 13.903) / 16
+    assert spec[64] == pytest.approx(20.347 + 32 * slope)
+    assert spec[128] == pytest.approx(20.347 + 96 * slope)
+    assert speculative_gain(3.0, table.plain.lookup(64).step_ms, spec[64]) < 1 / 1.3
 
 
 def test_estimate_nearest_tie_goes_to_larger_bucket() -> None:

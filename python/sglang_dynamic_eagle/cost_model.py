@@ -144,6 +144,17 @@ def _nearest(buckets: Sequence[int], bucket: int) -> Optional[int]:
     return min(candidates, key=lambda b: (abs(b - bucket), -b))
 
 
+def _trend_above(measured: Mapping[int, float], bucket: int) -> Optional[float]:
+    """The line through the two largest measured buckets at ``bucket``, where ``bucket`` lies
+    above them (else None)."""
+    largest = sorted(measured)[-2:]
+    if len(largest) < 2 or bucket <= largest[-1]:
+        return None
+    low, high = largest
+    slope = (measured[high] - measured[low]) / (high - low)
+    return measured[high] + slope * (bucket - high)
+
+
 class MeasuredCosts:
     """Calibration plus online step timings, per mode and CUDA-graph bucket."""
 
@@ -222,17 +233,31 @@ class MeasuredCosts:
     def _estimate(
         self, mode: DecodeMode, bucket: int, measured: Mapping[DecodeMode, Mapping[int, float]]
     ) -> Optional[float]:
-        """An unmeasured bucket: its calibration scaled by measured/calibrated at the nearest
-        measured bucket (of this mode, else of the other mode); without a calibration, the
-        nearest measured bucket's cost."""
+        """An unmeasured bucket: the larger of two estimates where both exist.
+
+        * Its calibration scaled by measured/calibrated at the nearest measured bucket (of this
+          mode, else of the other mode); without a calibration, the nearest measured bucket's
+          cost.
+        * Above this mode's largest measured bucket, the line through its two largest measured
+          buckets. The calibration replays graphs at context length 1, so it leaves out
+          attention over real contexts, which grows with the batch: a ratio taken at a smaller
+          bucket underestimates a larger one. Measured on the 8B-shaped model (2026-12-01):
+          scaled from bucket 32, a speculative step at 64 was estimated at 29.8 ms and then
+          measured at 35.2; the line through 16 and 32 gives 33.2.
+        """
         calibrated = self.calibration[mode].get(bucket)
-        own = self._scale_at(mode, bucket, measured)
         if calibrated is None:
             nearest = _nearest(sorted(measured[mode]), bucket)
-            return measured[mode][nearest] if nearest is not None else None
-        other = DecodeMode.SPECULATIVE if mode is DecodeMode.PLAIN else DecodeMode.PLAIN
-        scale = own if own is not None else self._scale_at(other, bucket, measured)
-        return calibrated * (scale if scale is not None else 1.0)
+            scaled = measured[mode][nearest] if nearest is not None else None
+        else:
+            own = self._scale_at(mode, bucket, measured)
+            other = DecodeMode.SPECULATIVE if mode is DecodeMode.PLAIN else DecodeMode.PLAIN
+            scale = own if own is not None else self._scale_at(other, bucket, measured)
+            scaled = calibrated * (scale if scale is not None else 1.0)
+        trend = _trend_above(measured[mode], bucket)
+        if scaled is None or trend is None:
+            return scaled if trend is None else trend
+        return max(scaled, trend)
 
     def _scale_at(
         self, mode: DecodeMode, bucket: int, measured: Mapping[DecodeMode, Mapping[int, float]]
