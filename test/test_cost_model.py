@@ -219,43 +219,51 @@ def test_estimate_scales_calibration_by_nearest_measured_bucket_of_same_mode() -
     assert plain[2] == pytest.approx(1.5 * cal[2])  # measured
     assert plain[4] == pytest.approx(1.5 * cal[4])  # 2 is nearer than 8
     assert plain[6] == pytest.approx(3.0 * cal[6])
-    # Above the largest measured bucket the line through 2 and 8 (slope 6) is the larger.
-    assert plain[16] == pytest.approx(max(3.0 * cal[16], 54.0 + 6.0 * 8))
+    assert plain[16] == pytest.approx(3.0 * cal[16])  # 2 to 8 is too short a span for a trend
+
+
+WIDE_BUCKETS: dict[DecodeMode, tuple[int, ...]] = {PLAIN: (1, 8, 16, 32, 64), SPEC: (1,)}
+WIDE_CALIBRATION: dict[DecodeMode, dict[int, float]] = {
+    PLAIN: {b: 10.0 + b for b in WIDE_BUCKETS[PLAIN]}, SPEC: {1: 20.0},
+}
+
+
+def wide_costs(calibration: Mapping[int, float] | None = None) -> MeasuredCosts:
+    plain = WIDE_CALIBRATION[PLAIN] if calibration is None else calibration
+    return MeasuredCosts(WIDE_BUCKETS, {PLAIN: plain, SPEC: WIDE_CALIBRATION[SPEC]})
 
 
 def test_above_the_largest_measured_buckets_their_trend_is_a_floor() -> None:
-    measured = costs()
-    cal = CALIBRATION[PLAIN]
-    measure_at(measured, PLAIN, 4, cal[4])
-    measure_at(measured, PLAIN, 6, cal[6] + 10.0)  # steeper than the calibration: slope 6
-    assert as_dict(measured.table().plain)[16] == pytest.approx(26.0 + 6.0 * 10)
-    assert not measured.table().plain.measured[-1]
+    measured = wide_costs()
+    measure_at(measured, PLAIN, 8, 18.0)  # as calibrated
+    measure_at(measured, PLAIN, 16, 36.0)  # 10 ms above it: slope 2.25 from 8
+    plain = as_dict(measured.table().plain)
+    assert plain[32] == pytest.approx(36.0 + 2.25 * 16)
+    assert plain[64] == pytest.approx(36.0 + 2.25 * 48)  # the scaled calibration: 102.5
+    assert plain[1] == pytest.approx(11.0)  # below: the scaled calibration (scale 1 at 8)
+    assert not any(measured.table().plain.measured[3:])
 
 
 def test_where_the_scaled_calibration_is_larger_it_stays() -> None:
-    calibration = {PLAIN: {**CALIBRATION[PLAIN], 16: 100.0}, SPEC: dict(CALIBRATION[SPEC])}
-    measured = costs(calibration)
-    measure_at(measured, PLAIN, 4, 14.0)
-    measure_at(measured, PLAIN, 8, 18.0)  # scale 1, slope 1: the line gives 26 at 16
-    assert as_dict(measured.table().plain)[16] == pytest.approx(100.0)
+    measured = wide_costs({**WIDE_CALIBRATION[PLAIN], 64: 300.0})
+    measure_at(measured, PLAIN, 8, 18.0)
+    measure_at(measured, PLAIN, 16, 26.0)  # scale 1, slope 1: the line gives 74 at 64
+    assert as_dict(measured.table().plain)[64] == pytest.approx(300.0)
 
 
-def test_no_trend_from_one_measured_bucket_or_below_the_largest() -> None:
-    measured = costs()
-    cal = CALIBRATION[PLAIN]
-    measure_at(measured, PLAIN, 8, 2.0 * cal[8])
-    assert as_dict(measured.table().plain)[16] == pytest.approx(2.0 * cal[16])
-    measure_at(measured, PLAIN, 16, 2.0 * cal[16] + 50.0)
-    # Below the largest measured bucket only the scaled calibration counts.
-    assert as_dict(measured.table().plain)[1] == pytest.approx(2.0 * cal[1])
+def test_no_trend_from_one_measured_bucket_or_a_short_span() -> None:
+    measured = wide_costs()
+    measure_at(measured, PLAIN, 1, 22.0)  # scale 2
+    assert as_dict(measured.table().plain)[64] == pytest.approx(2.0 * 74.0)
+    measure_at(measured, PLAIN, 8, 40.0)  # 7 requests above 1: shorter than MIN_TREND_SPAN
+    assert as_dict(measured.table().plain)[64] == pytest.approx(40.0 / 18.0 * 74.0)
 
 
 def test_a_falling_trend_does_not_lower_the_estimate() -> None:
-    measured = costs()
-    cal = CALIBRATION[PLAIN]
-    measure_at(measured, PLAIN, 4, 30.0)
-    measure_at(measured, PLAIN, 8, 18.0)  # scale 1 at 8, slope -3
-    assert as_dict(measured.table().plain)[16] == pytest.approx(cal[16])
+    measured = wide_costs()
+    measure_at(measured, PLAIN, 8, 30.0)
+    measure_at(measured, PLAIN, 16, 26.0)  # scale 1 at 16, slope -0.5
+    assert as_dict(measured.table().plain)[64] == pytest.approx(74.0)
 
 
 def test_the_speculative_cost_at_64_of_the_acceptance_3_sweep() -> None:

@@ -23,6 +23,7 @@ MODES = (DecodeMode.PLAIN, DecodeMode.SPECULATIVE)
 DEFAULT_MIN_SAMPLES = 4
 DEFAULT_WINDOW = 9
 DEFAULT_CROSSOVER_LOG_INTERVAL_S = 60.0
+MIN_TREND_SPAN = 8
 
 
 @dataclass(frozen=True)
@@ -145,12 +146,18 @@ def _nearest(buckets: Sequence[int], bucket: int) -> Optional[int]:
 
 
 def _trend_above(measured: Mapping[int, float], bucket: int) -> Optional[float]:
-    """The line through the two largest measured buckets at ``bucket``, where ``bucket`` lies
-    above them (else None)."""
-    largest = sorted(measured)[-2:]
-    if len(largest) < 2 or bucket <= largest[-1]:
+    """At ``bucket`` above every measured bucket: the line through the largest measured bucket
+    and the largest one at least ``MIN_TREND_SPAN`` requests below it (else None). The span
+    keeps the noise of two neighbouring small buckets (a few percent of a step) from becoming
+    a slope that a long extrapolation multiplies."""
+    ordered = sorted(measured)
+    if not ordered or bucket <= ordered[-1]:
         return None
-    low, high = largest
+    high = ordered[-1]
+    lower = [b for b in ordered if b <= high - MIN_TREND_SPAN]
+    if not lower:
+        return None
+    low = lower[-1]
     slope = (measured[high] - measured[low]) / (high - low)
     return measured[high] + slope * (bucket - high)
 
@@ -238,12 +245,13 @@ class MeasuredCosts:
         * Its calibration scaled by measured/calibrated at the nearest measured bucket (of this
           mode, else of the other mode); without a calibration, the nearest measured bucket's
           cost.
-        * Above this mode's largest measured bucket, the line through its two largest measured
-          buckets. The calibration replays graphs at context length 1, so it leaves out
-          attention over real contexts, which grows with the batch: a ratio taken at a smaller
-          bucket underestimates a larger one. Measured on the 8B-shaped model (2026-12-01):
-          scaled from bucket 32, a speculative step at 64 was estimated at 29.8 ms and then
-          measured at 35.2; the line through 16 and 32 gives 33.2.
+        * Above this mode's largest measured bucket, the line through it and a measured bucket
+          at least ``MIN_TREND_SPAN`` requests below it. The calibration replays graphs at
+          context length 1, so it leaves out attention over real contexts, which grows with
+          the batch: a ratio taken at a smaller bucket underestimates a larger one. Measured
+          on the 8B-shaped model (2026-12-01): scaled from bucket 32, a speculative step at 64
+          was estimated at 29.8 ms and then measured at 35.2; the line through 16 and 32 gives
+          33.2.
         """
         calibrated = self.calibration[mode].get(bucket)
         if calibrated is None:
