@@ -1050,10 +1050,27 @@ def test_a_decisive_win_still_waits_for_the_patience() -> None:
 
 
 def test_no_decisive_leave_on_the_start_up_prior_alone() -> None:
+    """The prior probe, then the patience: on the prior alone even a gain of 0.2 is no
+    decisive leave."""
     policy = make(SPEC, decisive_band=0.3, probe_steps=P, refresh_interval=10_000)
     modes = feed(policy, [16] * (P + K), spec_prior_table(gain=0.2), 1.0)
-    assert modes[:P] == [SPEC] * P and modes[-1] is PLAIN
+    assert modes == [SPEC] * (P + K - 1) + [PLAIN]
     assert policy.report()["probes"] == 1
+
+
+def test_a_decisive_leave_restarts_the_patience() -> None:
+    """Steps counted towards leaving do not count towards coming back."""
+    plain = {b: 10.0 for b in BUCKETS}
+    spec = {b: 30.0 for b in BUCKETS} | {1: 10.0, 2: 10.0, 4: 10.0, 8: 10.0 * 1.5 / 0.9}
+    table = measured_table(plain, spec)  # at acceptance 1.5: gain 1.5 at 1, 0.9 at 8, 0.5 at 48
+    modes = feed(make(SPEC, decisive_band=0.3), [8, 8, 8, 48, 1, 1, 1, 1, 1], table, 1.5)
+    assert modes == [SPEC] * 3 + [PLAIN] * 4 + [SPEC] * 2
+
+
+def test_the_decisive_threshold_is_strict() -> None:
+    # decisive_band 1.0: decisive below a gain of 0.5; exactly 0.5 waits for the patience.
+    modes = feed(make(SPEC, decisive_band=1.0), [8] * K, flat_table(5.0, 10.0), 1.0)
+    assert modes == [SPEC] * (K - 1) + [PLAIN]
 
 
 def test_a_load_that_arrives_at_once_decodes_plainly_from_its_first_step() -> None:

@@ -149,7 +149,9 @@ def _trend_above(measured: Mapping[int, float], bucket: int) -> Optional[float]:
     """At ``bucket`` above every measured bucket: the line through the largest measured bucket
     and the largest one at least ``MIN_TREND_SPAN`` requests below it (else None). The span
     keeps the noise of two neighbouring small buckets (a few percent of a step) from becoming
-    a slope that a long extrapolation multiplies."""
+    a slope that a long extrapolation multiplies. A higher cost measured at the lower bucket
+    lowers the line (never below the scaled calibration, see ``_estimate``), so the policy's
+    monotonicity in costs holds per cost table, not per measurement."""
     ordered = sorted(measured)
     if not ordered or bucket <= ordered[-1]:
         return None
