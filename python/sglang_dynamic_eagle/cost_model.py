@@ -233,7 +233,8 @@ class MeasuredCosts:
     ) -> ModeCosts:
         buckets = self.buckets[mode]
         step_ms = tuple(
-            measured[mode].get(bucket, self._estimate(mode, bucket, measured))
+            measured[mode][bucket] if bucket in measured[mode]
+            else self._estimate(mode, bucket, measured)
             for bucket in buckets
         )
         flags = tuple(bucket in measured[mode] for bucket in buckets)
