@@ -8,6 +8,7 @@ from typing import List
 
 import pytest
 
+from sglang_dynamic_eagle.deferred_draft_prefill import DEFER_ENV
 from sglang_dynamic_eagle.startup_errors import (
     StartupError,
     install_excepthook,
@@ -56,3 +57,19 @@ def test_the_launcher_prints_a_refusal_in_one_line(tiny_models, argv, needle) ->
     assert "Traceback" not in proc.stderr and "usage:" not in proc.stderr
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(error_lines) == 1 and needle in error_lines[0]
+
+
+@pytest.mark.usefixtures("clean_flags_env")
+def test_the_launcher_refuses_a_bad_deferred_prefill_window_in_one_line(
+    tiny_models, monkeypatch
+) -> None:
+    monkeypatch.setenv(DEFER_ENV, "300")
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", tiny_models.llama,
+         "--device", "cpu", "--speculative-algorithm", "EAGLE3_DYNAMIC",
+         "--speculative-draft-model-path", tiny_models.draft],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 1
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error_lines) == 1 and f"{DEFER_ENV}='300' is invalid" in error_lines[0]

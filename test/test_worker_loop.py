@@ -133,6 +133,7 @@ def worker(monkeypatch):
     instance._policy = ThresholdPolicy(ThresholdPolicyConfig(2, 2, 1, 48))
     instance._catchup = catchup
     instance._plain_step = FakePlainStep(catchup)
+    instance._deferred_prefill = None
     instance._costs = FakeCosts()
     instance.prefill_timer = FakePrefillTimer()
     instance.host_syncs = HostSyncCounter(enabled=False)
@@ -148,6 +149,8 @@ def make_batch(mode: ForwardMode, slots: Sequence[int]) -> SimpleNamespace:
     reqs = [SimpleNamespace(req_pool_idx=slot) for slot in slots]
     return SimpleNamespace(
         forward_mode=mode,
+        input_embeds=None,
+        multimodal_inputs=[None] * len(reqs),
         is_extend_in_batch=mode.is_extend(),
         reqs=reqs,
         req_pool_indices_cpu=torch.tensor(list(slots), dtype=torch.int64),
@@ -263,3 +266,40 @@ def test_the_cost_table_is_refreshed_when_the_policy_asks(worker) -> None:
     for _ in range(3):
         decode(worker, [1])
     assert worker._costs.refreshes_asked == [False, True, False]
+
+
+@dataclass
+class FakeDeferredPrefill:
+    """Records the prefills it ran, publishing like the target half of EAGLE's prefill."""
+
+    timer: FakePrefillTimer
+    ran: List[List[int]] = field(default_factory=list)
+
+    def run(self, batch, on_publish):
+        self.timer.calls.append("target extend")
+        on_publish("new seq lens")
+        self.ran.append(batch_req_pool_indices(batch))
+        return SimpleNamespace(can_run_cuda_graph=False)
+
+
+def test_with_deferral_a_prefill_in_plain_mode_runs_the_target_alone(worker) -> None:
+    deferred = FakeDeferredPrefill(worker.prefill_timer)
+    worker._deferred_prefill = deferred
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [0]))  # before any decode
+    decode(worker, [0, 1, 2])  # above N = 2 with patience 1: plain
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3, 4]))
+    worker.forward_batch_generation(make_batch(ForwardMode.MIXED, [5]))
+    assert deferred.ran == [[3, 4]]
+    assert worker.eagle_calls == ["EXTEND", "MIXED"]
+    eagle_prefill = ["target extend", "target done", "draft extend", "stop"]
+    assert worker.prefill_timer.calls == (
+        ["harvest", "start 10"] + eagle_prefill
+        + ["harvest", "start 20", "target extend", "target done", "stop"]
+        + ["harvest", "start 10"] + eagle_prefill
+    )
+
+
+def test_without_deferral_a_prefill_in_plain_mode_takes_eagles_path(worker) -> None:
+    decode(worker, [0, 1, 2])
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3, 4]))
+    assert worker.eagle_calls == ["EXTEND"]

@@ -212,6 +212,38 @@ class DraftCatchup:
             self._entries[index].append(entry)
         self._written = first + count
 
+    def record_prefill_tail(
+        self,
+        req_pool_indices_cpu: Sequence[int],
+        extend_lens: Sequence[int],
+        input_ids: torch.Tensor,
+        aux_hidden_states: torch.Tensor,
+        window: int,
+    ) -> None:
+        """A prefill that ran no draft extend: stash each request's last ``window`` positions
+        of it (fewer if it extended fewer, or if the ring could not hold them all), as a plain
+        step stashes its one, so that these are the positions a catch-up rebuilds."""
+        self.forget(req_pool_indices_cpu)
+        if not req_pool_indices_cpu:
+            return
+        per_request = min(window, self.max_window, self.ring_size // len(req_pool_indices_cpu))
+        rows: List[int] = []
+        first = self._written
+        end = 0
+        for index, length in zip(req_pool_indices_cpu, extend_lens):
+            end += length
+            kept = min(per_request, length)
+            entry = first + len(rows)
+            rows.extend(range(end - kept, end))
+            self._missed[index] = kept
+            self._entries[index].extend(range(entry, entry + kept))
+        count = len(rows)
+        source = self._on_device(rows)
+        ring = (torch.arange(count, dtype=torch.int64, device=self.device) + first) % self.ring_size
+        self._tokens[ring] = input_ids[source].to(torch.int64)
+        self._hidden[ring] = aux_hidden_states[source].to(self._hidden.dtype)
+        self._written = first + count
+
     def _kept_entries(self, index: int) -> List[int]:
         """The slot's newest entries that the ring still holds, oldest first."""
         entries = self._entries[index]

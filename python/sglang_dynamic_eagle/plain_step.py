@@ -68,12 +68,9 @@ class PlainDecodeStep:
         self._allocate_result_stubs(draft_runner, topk)
 
     def _allocate_result_stubs(self, draft_runner, topk: int) -> None:
-        """Preallocated zero tensors that fill a plain result's draft fields.
-
-        The overlap scheduler stashes topk and draft hidden states for every
-        decode result; plain steps have none, and catch-up overwrites these
-        rows before any draft reads them.
-        """
+        """Preallocated zero tensors that fill the draft fields of a result that ran no
+        draft (a plain step, a deferred prefill): the overlap scheduler stashes topk and draft
+        hidden states for every result."""
         runner = self._target_worker.model_runner
         rows = runner.req_to_token_pool.req_to_token.shape[0]
         device = runner.device
@@ -119,17 +116,23 @@ class PlainDecodeStep:
             next_token_ids=next_token_ids,
             can_run_cuda_graph=output.can_run_cuda_graph,
             speculative_num_draft_tokens=1,
-            next_draft_input=EagleDraftInput(
-                topk_p=self._stub_topk_p[:batch_size],
-                topk_index=self._stub_topk_index[:batch_size],
-                hidden_states=self._stub_hidden[:batch_size],
-                bonus_tokens=next_token_ids,
-            ),
+            next_draft_input=self.draft_input_stub(next_token_ids),
             accept_lens=self._ones[:batch_size],
             new_seq_lens=batch.seq_lens,
             routed_experts_output=output.routed_experts_output,
             indexer_topk_output=output.indexer_topk_output,
             extra_keep_alive_refs=[forward_batch],
+        )
+
+    def draft_input_stub(self, bonus_tokens: torch.Tensor) -> EagleDraftInput:
+        """The draft fields of a result that ran no draft: zero stubs, one row per bonus
+        token, which catch-up overwrites before any draft reads them."""
+        batch_size = len(bonus_tokens)
+        return EagleDraftInput(
+            topk_p=self._stub_topk_p[:batch_size],
+            topk_index=self._stub_topk_index[:batch_size],
+            hidden_states=self._stub_hidden[:batch_size],
+            bonus_tokens=bonus_tokens,
         )
 
     def _sample(

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Optional
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
+from sglang_dynamic_eagle.deferred_draft_prefill import deferred_prefill_window
 from sglang_dynamic_eagle.draft_catchup import catchup_budget_bytes, catchup_max_window
 from sglang_dynamic_eagle.draft_prefill import draft_prefill_choice
 from sglang_dynamic_eagle.flags import ALGORITHM_NAME, current_flags
@@ -102,6 +103,7 @@ class DynamicEagleSpecAlgo(CustomSpecAlgo):
         catchup_budget_bytes()
         catchup_max_window()
         draft_prefill_choice()
+        deferred_prefill_window()
         _complete_chain_drafting(server_args)
         _EAGLE3.handle_server_args(server_args)
         if user_max_running_requests is None:

@@ -197,6 +197,21 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         ),
     ),
     UpstreamReliance(
+        target="the target half of EAGLEWorkerV2's prefill (behaviour)",
+        how="a deferred prefill (deferred_draft_prefill, opt-in) calls the target worker's "
+        "forward_batch_generation with CaptureHiddenMode.FULL, sets new_seq_lens to the "
+        "committed seq_lens and publishes, as sglang's prefill does before its draft extend, "
+        "and fills next_draft_input with the plain step's zero stubs",
+        why="sglang's prefill always runs the draft extend after the target's; skipping it "
+        "means running the target half on our side",
+        drop_when="sglang lets a speculative worker skip the draft extend of a prefill",
+        kind=BEHAVIOUR,
+        code=(
+            "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
+            "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",
+        ),
+    ),
+    UpstreamReliance(
         target="sglang.srt.model_executor.runner.DecodeCudaGraphRunner",
         how="subclassed (plain_decode_graphs.PlainDecodeCudaGraphRunner), built while "
         "model_runner.spec_algorithm is NONE, decode.bs is the plain list and "

@@ -13,7 +13,9 @@ After the step it hands the step's end to the cost tracker (``step_costs``), and
 to the acceptance estimate. Prefill batches always take EAGLE-3's path (target extend + draft
 extend), so new requests start with a correct draft context in either mode; the draft extend
 runs the draft's output projection and MLP only at each request's last position
-(``draft_prefill``), and ``prefill_timing`` measures both parts.
+(``draft_prefill``), and ``prefill_timing`` measures both parts. Optionally, a prefill that
+starts in plain mode runs the target extend alone and leaves the draft KV to the catch-up
+(``deferred_draft_prefill``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ from sglang_dynamic_eagle.cost_model import (
     crossover_batch,
 )
 from sglang_dynamic_eagle.counters import ModeCounters
+from sglang_dynamic_eagle.deferred_draft_prefill import (
+    DeferredDraftPrefill,
+    can_defer,
+    deferred_prefill_window,
+)
 from sglang_dynamic_eagle.draft_catchup import (
     DraftCatchup,
     batch_req_pool_indices,
@@ -83,6 +90,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._plain_graphs: Optional[PlainDecodeGraphs] = None
         self._plain_step: Optional[PlainDecodeStep] = None
         self._catchup: Optional[DraftCatchup] = None
+        self._deferred_prefill: Optional[DeferredDraftPrefill] = None
         self._costs: Optional[DecodeCostTracker] = None
         self._crossover_log = CrossoverLogGate()
         self._last_step_plain = False
@@ -105,6 +113,11 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             self._plain_graphs,
             self._catchup,
         )
+        window = deferred_prefill_window()
+        if window:
+            self._deferred_prefill = DeferredDraftPrefill(
+                self._target_worker, self._catchup, self._plain_step, window
+            )
         max_speculative_batch = self._speculative_graph_max_bs()
         self._costs = self._new_cost_tracker(max_speculative_batch)
         self._policy = self._new_policy(max_speculative_batch)
@@ -286,9 +299,19 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             if on_publish is not None:
                 on_publish(new_seq_lens)
 
-        result = super().forward_batch_generation(batch, publish, grammar_barrier)
+        if self._defers_draft_prefill(batch):
+            result = self._deferred_prefill.run(batch, publish)
+        else:
+            result = super().forward_batch_generation(batch, publish, grammar_barrier)
         self.prefill_timer.stop(events)
         return result
+
+    def _defers_draft_prefill(self, batch: ScheduleBatch) -> bool:
+        return (
+            self._deferred_prefill is not None
+            and self._policy.mode is DecodeMode.PLAIN
+            and can_defer(batch)
+        )
 
     # -- decode steps ----------------------------------------------------
 
@@ -366,6 +389,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             "catchup_stash_mib": round(self._catchup.stash_bytes / 2**20, 1),
             "draft_prefill": "last-position" if self._last_position_draft_mlp else "full",
             **self.prefill_timer.report(),
+            **(self._deferred_prefill.report() if self._deferred_prefill is not None else {}),
             **({"host_syncs": self.host_syncs.report()} if self.host_syncs.enabled else {}),
         }
 

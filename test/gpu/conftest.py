@@ -8,6 +8,7 @@ from typing import Iterator, List
 
 import pytest
 
+from sglang_dynamic_eagle.deferred_draft_prefill import DEFER_ENV
 from sglang_dynamic_eagle.draft_catchup import CATCHUP_WINDOW_ENV
 from sglang_dynamic_eagle.unsupported import EXPERIMENTAL_TREES_ENV
 
@@ -20,6 +21,10 @@ from gpu_servers import (
     tiny_pair_args,
     tiny_pair_server_env,
 )
+
+# Prompt positions per request a deferred prefill leaves to the catch-up: fewer than the eval
+# prompts' tokens, so the positions before them keep stale draft KV.
+DEFERRED_PREFILL_WINDOW = 16
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +47,8 @@ def eval_set() -> dict:
 def tiny_servers() -> Iterator[LazyServers]:
     """Plain, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds, and automatic) servers of the tiny
     trained pair, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds) with a tree of topk 4, and the
-    catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1). Each starts
+    catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1), and
+    EAGLE3_DYNAMIC with plain-mode prefills deferring the draft's prefill. Each starts
     when a test first uses it, so a run of some of the tests starts only the servers they use
     (the seven together take several minutes to start)."""
     common, draft = tiny_pair_args()
@@ -66,9 +72,15 @@ def tiny_servers() -> Iterator[LazyServers]:
         "tiny_dynamic_window1": common + ["--mem-fraction-static", "0.5",
                                           "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                           *FIXED_THRESHOLD_FLAGS],
+        "tiny_dynamic_deferred": common + ["--mem-fraction-static", "0.5",
+                                           "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
+                                           *FIXED_THRESHOLD_FLAGS],
     }
     env = {**tiny_pair_server_env(), EXPERIMENTAL_TREES_ENV: "1"}
-    server_envs = {"tiny_dynamic_window1": {CATCHUP_WINDOW_ENV: "1"}}
+    server_envs = {
+        "tiny_dynamic_window1": {CATCHUP_WINDOW_ENV: "1"},
+        "tiny_dynamic_deferred": {DEFER_ENV: str(DEFERRED_PREFILL_WINDOW)},
+    }
     servers = LazyServers(specs, env=env, server_envs=server_envs)
     try:
         yield servers

@@ -16,14 +16,14 @@ mkdir -p "$OUT"
 # Default: the tiny-pair suite with chain drafting (float32, exact comparisons; about 8
 # minutes). Its tree and catch-up-control tests start servers of their own (about 45-90 s
 # each) and need a call each: run_on_device.sh test/gpu/test_dynamic_eagle_tiny.py -k tree
-# (three servers), then -k control (two). So does each other module, one per call: the
+# (three servers), then -k control (two), then -k deferred (three). So does each other module, one per call: the
 # 8B-shaped test/gpu/test_dynamic_eagle_dummy8b.py (five servers, at most four at once, about 9 minutes; its
 # negative control alone with -k negative_control, the rest with -k "not negative_control"),
 # the README's tiny-pair demo test/gpu/test_quickstart_demo.py, the soak test/gpu/test_soak.py, and
 # test/gpu/test_dynamic_eagle_configurations.py with -k non_overlap, -k fa3, -k mla_moe or
 # -k flashinfer.
 if [ $# -eq 0 ]; then
-  set -- test/gpu/test_dynamic_eagle_tiny.py test/gpu/test_tiny_pair.py -k "not tree and not control"
+  set -- test/gpu/test_dynamic_eagle_tiny.py test/gpu/test_tiny_pair.py -k "not tree and not control and not deferred"
 fi
 python3 -m pytest -m gpu -p no:cacheprovider -s -q "$@" 2>&1 | tee "$OUT/pytest.log"
 status=$?

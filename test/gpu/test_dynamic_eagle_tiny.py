@@ -192,6 +192,43 @@ def test_catch_up_beats_a_window_of_one_control(tiny_servers, eval_set):
     assert full["acceptance"] >= window1["acceptance"] + MIN_CATCHUP_GAIN
 
 
+def test_deferred_draft_prefill_is_lossless_and_keeps_acceptance(tiny_servers, eval_set):
+    """Prefills that start in plain mode skip the draft's prefill and stash their last
+    positions; when the targets resume speculation, the catch-up rebuilds those with the
+    plainly decoded ones. Lossless against plain decoding, and acceptance after the return
+    within the catch-up test's bar of always-on EAGLE3's (stale draft KV before the stashed
+    positions costs acceptance only)."""
+    server = tiny_servers["tiny_dynamic_deferred"]
+    # Eight requests that finish together above the disable threshold leave the server plain.
+    warm_up = eval_set["prompts"][-8:]
+    send(server, warm_up, [24] * len(warm_up), len(warm_up))
+    warmed = server.dynamic_counters()
+    assert warmed["switches_to_plain"] > warmed["switches_to_speculative"]  # plain now
+    load, lengths = catchup_load(eval_set)
+    before = server.dynamic_counters()
+    deferred = send(server, load, lengths, len(load))
+    after = server.dynamic_counters()
+    plain = send(tiny_servers["tiny_plain"], load, lengths, len(load))
+    eagle3_acceptance = eagle3_acceptance_of_targets(tiny_servers["tiny_eagle3"], eval_set)
+
+    differences = [
+        (i, first_difference(d["output_ids"], p["output_ids"]))
+        for i, (d, p) in enumerate(zip(deferred, plain))
+        if first_difference(d["output_ids"], p["output_ids"]) is not None
+    ]
+    deferred_batches = after["deferred_draft_prefill_batches"] - before.get(
+        "deferred_draft_prefill_batches", 0)
+    acceptance = spec_acceptance(before, after)
+    catchup_tokens = after["catchup_tokens"] - before.get("catchup_tokens", 0)
+    print(f"deferred draft prefill: {deferred_batches} batches deferred, differences "
+          f"{differences}, acceptance after the plain stretch {acceptance:.3f} (EAGLE3 "
+          f"{eagle3_acceptance:.3f}), catch-up tokens {catchup_tokens}, counters {after}")
+    assert deferred_batches >= 1
+    assert not differences
+    assert catchup_tokens > 0
+    assert acceptance >= (1 - MAX_ACCEPTANCE_LOSS) * eagle3_acceptance
+
+
 def test_runs_more_than_48_requests_at_once(tiny_servers, eval_set):
     prompts = (eval_set["prompts"] * 2)[:CAPACITY_REQUESTS]
     dynamic_server = tiny_servers["tiny_dynamic"]

@@ -1,0 +1,103 @@
+"""Prefill in plain mode without the draft's prefill: its draft KV is left to the catch-up.
+
+While the policy decodes plainly, a prefill's draft extend (about 2% of the target's prefill
+GPU time with the 8B-shaped model, 2026-12-01) writes draft KV that only a later speculative
+step reads, and it makes the batch's first tokens wait for it. With
+``SGLANG_DYNAMIC_EAGLE_DEFER_DRAFT_PREFILL=W``, a text prefill batch that starts while the
+policy is plain runs the target extend alone (capturing EAGLE-3's auxiliary hidden states as
+sglang's does) and stashes each request's last W positions of the batch (token and auxiliary
+hidden states) in the catch-up ring, as plain steps stash theirs. If speculation resumes, the
+catch-up rebuilds their draft KV together with the positions decoded plainly since. Older
+prompt positions keep stale draft KV (zeros or another request's entries): acceptance pays
+for them, never an output token, since the target verifies every one; through the radix cache
+a later request that shares such a prefix pays it too.
+
+Off by default: what it costs in acceptance has not been measured on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Dict
+
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+from sglang_dynamic_eagle.draft_catchup import MAX_WINDOW, batch_req_pool_indices
+from sglang_dynamic_eagle.startup_errors import StartupError
+
+if TYPE_CHECKING:
+    from sglang_dynamic_eagle.draft_catchup import DraftCatchup
+    from sglang_dynamic_eagle.plain_step import PlainDecodeStep
+
+DEFER_ENV = "SGLANG_DYNAMIC_EAGLE_DEFER_DRAFT_PREFILL"
+
+
+def deferred_prefill_window() -> int:
+    """Positions per request a deferred prefill stashes, from the environment; 0: off
+    (checked at server start-up)."""
+    raw = os.environ.get(DEFER_ENV, "0")
+    if not raw.isdigit() or int(raw) > MAX_WINDOW:
+        raise StartupError(
+            f"{DEFER_ENV}={raw!r} is invalid: set it to the number of prompt positions per "
+            f"request (1 to {MAX_WINDOW}) whose draft KV a plain-mode prefill leaves to the "
+            "catch-up, or to 0 or unset to keep the draft's prefill."
+        )
+    return int(raw)
+
+
+def can_defer(batch: ScheduleBatch) -> bool:
+    """A prefill of text prompts alone: mixed batches, input embeddings and multimodal
+    inputs keep sglang's path."""
+    return (
+        batch.forward_mode == ForwardMode.EXTEND
+        and batch.input_embeds is None
+        and not any(batch.multimodal_inputs or ())
+    )
+
+
+class DeferredDraftPrefill:
+    """The target-only prefill of one worker, and what it has deferred."""
+
+    def __init__(
+        self,
+        target_worker,
+        catchup: DraftCatchup,
+        plain_step: PlainDecodeStep,
+        window: int,
+    ) -> None:
+        self._target_worker = target_worker
+        self._catchup = catchup
+        self._plain_step = plain_step
+        self.window = window
+        self.batches = 0
+        self.tokens = 0
+
+    def run(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
+        """The target extend of EAGLE-3's prefill, then the stash instead of the draft extend."""
+        result = self._target_worker.forward_batch_generation(
+            batch, capture_hidden_mode=CaptureHiddenMode.FULL
+        )
+        # Spec v2 keeps the committed length, as sglang's prefill does.
+        result.new_seq_lens = batch.seq_lens
+        if on_publish is not None:
+            on_publish(result.new_seq_lens)
+        self._catchup.record_prefill_tail(
+            batch_req_pool_indices(batch),
+            batch.extend_lens,
+            batch.input_ids,
+            result.logits_output.hidden_states,
+            self.window,
+        )
+        result.next_draft_input = self._plain_step.draft_input_stub(result.next_token_ids)
+        self.batches += 1
+        self.tokens += batch.extend_num_tokens or 0
+        return result
+
+    def report(self) -> Dict[str, int]:
+        return {
+            "deferred_draft_prefill_window": self.window,
+            "deferred_draft_prefill_batches": self.batches,
+            "deferred_draft_prefill_tokens": self.tokens,
+        }

@@ -1,0 +1,182 @@
+"""deferred_draft_prefill.py and the catch-up ring's prefill tail, on CPU.
+
+Token ids and hidden rows encode (request slot, position) as in test_draft_catchup.py:
+token fed at position p by slot r is ``1000 * r + p``, its aux hidden row ``[r, p, 0.5]``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import List, Sequence, Tuple
+
+import pytest
+import torch
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+from sglang_dynamic_eagle.deferred_draft_prefill import (
+    DEFER_ENV,
+    DeferredDraftPrefill,
+    can_defer,
+    deferred_prefill_window,
+)
+from sglang_dynamic_eagle.draft_catchup import MAX_WINDOW, DraftCatchup
+from sglang_dynamic_eagle.startup_errors import StartupError
+
+POOL_SIZE = 6
+HIDDEN = 3
+
+
+def _catchup(window: int = 4, ring_size: int = 64) -> DraftCatchup:
+    return DraftCatchup(req_pool_size=POOL_SIZE, ring_size=ring_size, max_window=window,
+                        hidden_width=HIDDEN, hidden_dtype=torch.float32,
+                        device=torch.device("cpu"))
+
+
+def _extend(segments: Sequence[Tuple[int, int, int]]) -> Tuple[List[int], List[int],
+                                                               torch.Tensor, torch.Tensor]:
+    """A prefill batch over (slot, first position, length) segments: slots, extend lengths,
+    the fed token ids and the target's aux hidden rows, flattened as sglang lays them out."""
+    slots, lengths, tokens, hidden = [], [], [], []
+    for slot, first, length in segments:
+        slots.append(slot)
+        lengths.append(length)
+        for position in range(first, first + length):
+            tokens.append(1000 * slot + position)
+            hidden.append([float(slot), float(position), 0.5])
+    return slots, lengths, torch.tensor(tokens, dtype=torch.int32), torch.tensor(hidden)
+
+
+def _stashed(catchup: DraftCatchup, slots: Sequence[int]) -> Tuple[List[int], List[List[float]]]:
+    plan = catchup.plan(slots)
+    ring = [entry % catchup.ring_size for entry in plan.ring_entries]
+    return catchup._tokens[ring].tolist(), catchup._hidden[ring].tolist()
+
+
+# ------------------------------------------------------------- the ring's prefill tail
+
+
+def test_each_request_stashes_its_last_window_positions() -> None:
+    catchup = _catchup()
+    catchup.record_prefill_tail(*_extend([(2, 0, 7), (4, 3, 2)]), window=3)
+    plan = catchup.plan([2, 4])
+    assert (plan.rows, plan.lengths, plan.truncated_tokens) == ([0, 1], [3, 2], 0)
+    tokens, hidden = _stashed(catchup, [2, 4])
+    assert tokens == [2004, 2005, 2006, 4003, 4004]
+    assert hidden == [[2.0, 4.0, 0.5], [2.0, 5.0, 0.5], [2.0, 6.0, 0.5],
+                      [4.0, 3.0, 0.5], [4.0, 4.0, 0.5]]
+
+
+def test_plain_steps_after_a_deferred_prefill_extend_the_same_run_of_positions() -> None:
+    catchup = _catchup(window=8)
+    catchup.record_prefill_tail(*_extend([(1, 0, 10)]), window=2)
+    for position in (10, 11):
+        catchup.record_plain_step([1], torch.tensor([1000 + position]),
+                                  torch.tensor([[1.0, float(position), 0.5]]))
+    plan = catchup.plan([1])
+    assert plan.lengths == [4]
+    assert _stashed(catchup, [1])[0] == [1008, 1009, 1010, 1011]
+
+
+def test_a_deferred_prefill_replaces_what_the_slot_had_missed_before() -> None:
+    catchup = _catchup()
+    catchup.record_plain_step([3], torch.tensor([3005]), torch.tensor([[3.0, 5.0, 0.5]]))
+    catchup.record_prefill_tail(*_extend([(3, 0, 4)]), window=2)
+    assert catchup.plan([3]).lengths == [2]
+    assert _stashed(catchup, [3])[0] == [3002, 3003]
+
+
+def test_the_tail_is_cut_to_the_catchup_window_and_to_what_the_ring_holds() -> None:
+    narrow = _catchup(window=2)
+    narrow.record_prefill_tail(*_extend([(0, 0, 6)]), window=5)
+    assert narrow.plan([0]).lengths == [2]
+    small_ring = _catchup(window=8, ring_size=6)
+    small_ring.record_prefill_tail(*_extend([(0, 0, 6), (1, 0, 6)]), window=8)
+    plan = small_ring.plan([0, 1])
+    assert plan.lengths == [3, 3]
+    assert _stashed(small_ring, [0, 1])[0] == [3, 4, 5, 1003, 1004, 1005]
+
+
+# ------------------------------------------------------------- the flag
+
+
+def test_off_unless_the_environment_sets_a_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DEFER_ENV, raising=False)
+    assert deferred_prefill_window() == 0
+    monkeypatch.setenv(DEFER_ENV, "64")
+    assert deferred_prefill_window() == 64
+
+
+@pytest.mark.parametrize("value", ["-1", "x", "1.5", str(MAX_WINDOW + 1)])
+def test_a_bad_window_is_refused_in_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv(DEFER_ENV, value)
+    with pytest.raises(StartupError) as error:
+        deferred_prefill_window()
+    message = str(error.value)
+    assert DEFER_ENV in message and "\n" not in message
+
+
+# ------------------------------------------------------------- which batches, and the run
+
+
+def _prefill_batch(mode: ForwardMode = ForwardMode.EXTEND, input_embeds=None,
+                   multimodal_inputs=(None, None)) -> SimpleNamespace:
+    slots, lengths, tokens, _ = _extend([(2, 0, 3), (5, 4, 2)])
+    return SimpleNamespace(
+        forward_mode=mode, input_embeds=input_embeds, multimodal_inputs=list(multimodal_inputs),
+        req_pool_indices_cpu=torch.tensor(slots), extend_lens=lengths, input_ids=tokens,
+        extend_num_tokens=sum(lengths), seq_lens=torch.tensor([3, 6]),
+    )
+
+
+def test_only_text_prefills_are_deferred() -> None:
+    assert can_defer(_prefill_batch())
+    assert not can_defer(_prefill_batch(mode=ForwardMode.MIXED))
+    assert not can_defer(_prefill_batch(input_embeds=torch.zeros(5, 4)))
+    assert not can_defer(_prefill_batch(multimodal_inputs=(None, object())))
+
+
+class FakeTarget:
+    def __init__(self) -> None:
+        self.capture_modes: List[CaptureHiddenMode] = []
+
+    def forward_batch_generation(self, batch, capture_hidden_mode=None):
+        self.capture_modes.append(capture_hidden_mode)
+        _, _, _, hidden = _extend([(2, 0, 3), (5, 4, 2)])
+        return SimpleNamespace(
+            logits_output=SimpleNamespace(hidden_states=hidden),
+            next_token_ids=torch.tensor([2003, 5006]),
+        )
+
+
+class FakePlainStep:
+    def draft_input_stub(self, bonus_tokens: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(stub=True, bonus_tokens=bonus_tokens)
+
+
+def test_the_run_is_the_target_extend_then_the_stash() -> None:
+    catchup = _catchup()
+    target = FakeTarget()
+    deferred = DeferredDraftPrefill(target, catchup, FakePlainStep(), window=2)
+    published: List[torch.Tensor] = []
+    batch = _prefill_batch()
+    result = deferred.run(batch, published.append)
+
+    assert target.capture_modes == [CaptureHiddenMode.FULL]
+    assert [lens.tolist() for lens in published] == [[3, 6]]
+    assert result.new_seq_lens.tolist() == [3, 6]
+    assert result.next_draft_input.stub
+    assert result.next_draft_input.bonus_tokens.tolist() == [2003, 5006]
+    assert catchup.plan([2, 5]).lengths == [2, 2]
+    assert _stashed(catchup, [2, 5])[0] == [2001, 2002, 5004, 5005]
+    assert deferred.report() == {
+        "deferred_draft_prefill_window": 2,
+        "deferred_draft_prefill_batches": 1,
+        "deferred_draft_prefill_tokens": 5,
+    }
+
+
+def test_the_run_needs_no_publish_callback() -> None:
+    deferred = DeferredDraftPrefill(FakeTarget(), _catchup(), FakePlainStep(), window=1)
+    assert deferred.run(_prefill_batch(), None).new_seq_lens.tolist() == [3, 6]
