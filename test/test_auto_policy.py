@@ -1085,3 +1085,26 @@ def test_a_load_that_arrives_at_once_decodes_plainly_from_its_first_step() -> No
         assert feed(policy, [batch] * 3, table, 3.0) == [PLAIN] * 3
     patient = make(SPEC, max_speculative_batch=128)
     assert feed(patient, [1] * 20 + [128] * K, table, 3.0)[20:] == [SPEC] * (K - 1) + [PLAIN]
+
+
+# --------------------------------------------------------------------------- stays_plain
+
+
+def test_a_plain_probe_from_speculation_does_not_stay_plain() -> None:
+    policy = make(probe_steps=P, refresh_interval=R, switch_patience=1)
+    steps = feed_probing(policy, [16] * 2, plain_unmeasured_table(gain_at_16=1.1), 1.0)
+    assert steps[-1] == (PLAIN, True)
+    assert not policy.stays_plain()
+
+
+def test_plain_stays_plain_until_a_streak_towards_speculation_starts() -> None:
+    policy = make(PLAIN, switch_patience=3, margin=0.03)
+    table = flat_table(10.0, 10.0)
+    feed(policy, [8], table, 0.9)  # gain 0.9: no entry streak
+    assert policy.stays_plain()
+    feed(policy, [8], table, 1.04)  # one of three qualifying steps
+    assert policy.mode is PLAIN and not policy.stays_plain()
+    feed(policy, [8], table, 0.9)  # the streak breaks
+    assert policy.stays_plain()
+    assert feed(policy, [8] * 3, table, 1.04)[-1] is SPEC
+    assert not policy.stays_plain()

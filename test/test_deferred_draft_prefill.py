@@ -32,18 +32,20 @@ def _catchup(window: int = 4, ring_size: int = 64) -> DraftCatchup:
                         device=torch.device("cpu"))
 
 
-def _extend(segments: Sequence[Tuple[int, int, int]]) -> Tuple[List[int], List[int],
+def _extend(segments: Sequence[Tuple[int, int, int]]) -> Tuple[List[int], List[int], List[int],
                                                                torch.Tensor, torch.Tensor]:
     """A prefill batch over (slot, first position, length) segments: slots, extend lengths,
-    the fed token ids and the target's aux hidden rows, flattened as sglang lays them out."""
-    slots, lengths, tokens, hidden = [], [], [], []
+    the lengths it leaves, the fed token ids and the target's aux hidden rows, flattened as
+    sglang lays them out."""
+    slots, lengths, seq_lens, tokens, hidden = [], [], [], [], []
     for slot, first, length in segments:
         slots.append(slot)
         lengths.append(length)
+        seq_lens.append(first + length)
         for position in range(first, first + length):
             tokens.append(1000 * slot + position)
             hidden.append([float(slot), float(position), 0.5])
-    return slots, lengths, torch.tensor(tokens, dtype=torch.int32), torch.tensor(hidden)
+    return slots, lengths, seq_lens, torch.tensor(tokens, dtype=torch.int32), torch.tensor(hidden)
 
 
 def _stashed(catchup: DraftCatchup, slots: Sequence[int]) -> Tuple[List[int], List[List[float]]]:
@@ -122,10 +124,11 @@ def test_a_bad_window_is_refused_in_one_line_naming_the_variable(
 
 def _prefill_batch(mode: ForwardMode = ForwardMode.EXTEND, input_embeds=None,
                    multimodal_inputs=(None, None)) -> SimpleNamespace:
-    slots, lengths, tokens, _ = _extend([(2, 0, 3), (5, 4, 2)])
+    slots, lengths, _, tokens, _ = _extend([(2, 0, 3), (5, 4, 2)])
     return SimpleNamespace(
         forward_mode=mode, input_embeds=input_embeds, multimodal_inputs=list(multimodal_inputs),
-        req_pool_indices_cpu=torch.tensor(slots), extend_lens=lengths, input_ids=tokens,
+        req_pool_indices_cpu=torch.tensor(slots), extend_lens=lengths, prefix_lens=[0, 4],
+        input_ids=tokens,
         extend_num_tokens=sum(lengths), seq_lens=torch.tensor([3, 6]),
     )
 
@@ -143,7 +146,7 @@ class FakeTarget:
 
     def forward_batch_generation(self, batch, capture_hidden_mode=None):
         self.capture_modes.append(capture_hidden_mode)
-        _, _, _, hidden = _extend([(2, 0, 3), (5, 4, 2)])
+        hidden = _extend([(2, 0, 3), (5, 4, 2)])[4]
         return SimpleNamespace(
             logits_output=SimpleNamespace(hidden_states=hidden),
             next_token_ids=torch.tensor([2003, 5006]),
@@ -180,3 +183,26 @@ def test_the_run_is_the_target_extend_then_the_stash() -> None:
 def test_the_run_needs_no_publish_callback() -> None:
     deferred = DeferredDraftPrefill(FakeTarget(), _catchup(), FakePlainStep(), window=1)
     assert deferred.run(_prefill_batch(), None).new_seq_lens.tolist() == [3, 6]
+
+
+def test_a_catch_up_right_after_a_deferred_prefill_reads_the_prefill_lengths() -> None:
+    """Slot 2's previous request was in the latest plain step at length 40; its new request,
+    prefilled deferred over 10 positions, is caught up by the next (speculative) step on a
+    backend without a CPU mirror of the lengths."""
+    catchup = _catchup()
+    catchup.plain_step_lengths.publish([2, 4], torch.tensor([40, 7]))
+    catchup.record_plain_step([2, 4], torch.tensor([2039, 4006]),
+                              torch.tensor([[2.0, 39.0, 0.5], [4.0, 6.0, 0.5]]))
+    catchup.record_prefill_tail(*_extend([(2, 0, 10)]), window=3)
+    batch = SimpleNamespace(seq_lens_cpu=None, req_pool_indices_cpu=torch.tensor([2, 4]))
+    plan = catchup.plan([2, 4])
+    assert catchup._lengths_on_host(batch, plan, torch.tensor([10, 8])) == [10, 7]
+
+
+def test_a_plain_step_after_a_deferred_prefill_makes_its_lengths_the_newest() -> None:
+    catchup = _catchup()
+    catchup.record_prefill_tail(*_extend([(2, 0, 10)]), window=3)
+    catchup.plain_step_lengths.publish([2], torch.tensor([11]))
+    catchup.record_plain_step([2], torch.tensor([2010]), torch.tensor([[2.0, 10.0, 0.5]]))
+    batch = SimpleNamespace(seq_lens_cpu=None, req_pool_indices_cpu=torch.tensor([2]))
+    assert catchup._lengths_on_host(batch, catchup.plan([2]), torch.tensor([11])) == [11]

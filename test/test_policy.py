@@ -498,3 +498,14 @@ def test_property_band_steps_never_switch(scenario) -> None:
     for i in switch_steps(initial, modes):
         assert not (m < sizes[i] <= min(n, config.max_speculative_batch)), (i, sizes[: i + 1])
 
+
+
+def test_stays_plain_only_while_plain_with_no_streak_back() -> None:
+    policy = make()
+    assert not policy._policy.stays_plain()  # speculative
+    to_plain(policy)
+    assert policy._policy.stays_plain()
+    feed(policy, [M] * (K - 1))  # a streak towards speculation, not complete
+    assert policy.mode is PLAIN and not policy._policy.stays_plain()
+    feed(policy, [N + 1])  # the streak breaks
+    assert policy._policy.stays_plain()

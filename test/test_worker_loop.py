@@ -303,3 +303,16 @@ def test_without_deferral_a_prefill_in_plain_mode_takes_eagles_path(worker) -> N
     decode(worker, [0, 1, 2])
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3, 4]))
     assert worker.eagle_calls == ["EXTEND"]
+
+
+def test_a_prefill_while_the_policy_heads_back_to_speculation_is_not_deferred(worker) -> None:
+    deferred = FakeDeferredPrefill(worker.prefill_timer)
+    worker._deferred_prefill = deferred
+    worker._policy = ThresholdPolicy(ThresholdPolicyConfig(2, 2, 2, 48))
+    for _ in range(2):
+        decode(worker, [0, 1, 2])  # plain after a patience of 2
+    decode(worker, [0])  # one step of the streak back: still plain
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3]))
+    decode(worker, [0, 1, 2, 4])  # the streak breaks
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [5]))
+    assert deferred.ran == [[5]]

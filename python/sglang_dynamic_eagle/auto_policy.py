@@ -173,6 +173,10 @@ class CostPolicy:
     def mode(self) -> DecodeMode:
         return self._mode
 
+    def stays_plain(self) -> bool:
+        resting = self._probe.return_mode if self._probe is not None else self._mode
+        return resting is DecodeMode.PLAIN and not self._streak.running
+
     @property
     def config(self) -> CostPolicyConfig:
         return self._config

@@ -86,6 +86,7 @@ class DeferredDraftPrefill:
         self._catchup.record_prefill_tail(
             batch_req_pool_indices(batch),
             batch.extend_lens,
+            [prefix + extend for prefix, extend in zip(batch.prefix_lens, batch.extend_lens)],
             batch.input_ids,
             result.logits_output.hidden_states,
             self.window,

@@ -25,7 +25,7 @@ import logging
 import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from sglang.srt.layers.moe.utils import (
@@ -172,6 +172,8 @@ class DraftCatchup:
         self._missed = [0] * req_pool_size
         # Per request slot: the entries (numbers, not ring indices) of its latest plain steps.
         self._entries: List[deque] = [deque(maxlen=max_window) for _ in range(req_pool_size)]
+        # Per request slot: the committed length a deferred prefill left, until its next step.
+        self._prefill_lengths: Dict[int, int] = {}
         self.device = device
         self.plain_step_lengths = PlainStepLengths(req_pool_size, device)
         self.gpu_time = GpuIntervals()
@@ -191,6 +193,7 @@ class DraftCatchup:
         """A prefill (re)built these requests' draft KV: nothing is missing."""
         for index in req_pool_indices:
             self._missed[index] = 0
+            self._prefill_lengths.pop(index, None)
             self._entries[index].clear()
 
     def record_plain_step(
@@ -208,6 +211,7 @@ class DraftCatchup:
         self._tokens[ring] = input_ids.to(torch.int64)
         self._hidden[ring] = aux_hidden_states.to(self._hidden.dtype)
         for entry, index in enumerate(req_pool_indices_cpu, start=first):
+            self._prefill_lengths.pop(index, None)
             self._missed[index] += 1
             self._entries[index].append(entry)
         self._written = first + count
@@ -216,13 +220,15 @@ class DraftCatchup:
         self,
         req_pool_indices_cpu: Sequence[int],
         extend_lens: Sequence[int],
+        seq_lens: Sequence[int],
         input_ids: torch.Tensor,
         aux_hidden_states: torch.Tensor,
         window: int,
     ) -> None:
         """A prefill that ran no draft extend: stash each request's last ``window`` positions
         of it (fewer if it extended fewer, or if the ring could not hold them all), as a plain
-        step stashes its one, so that these are the positions a catch-up rebuilds."""
+        step stashes its one, so that these are the positions a catch-up rebuilds; and keep
+        the lengths it leaves (``seq_lens``, on the host) for that catch-up."""
         self.forget(req_pool_indices_cpu)
         if not req_pool_indices_cpu:
             return
@@ -230,7 +236,8 @@ class DraftCatchup:
         rows: List[int] = []
         first = self._written
         end = 0
-        for index, length in zip(req_pool_indices_cpu, extend_lens):
+        for index, length, seq_len in zip(req_pool_indices_cpu, extend_lens, seq_lens):
+            self._prefill_lengths[index] = seq_len
             end += length
             kept = min(per_request, length)
             entry = first + len(rows)
@@ -319,14 +326,21 @@ class DraftCatchup:
     def _lengths_on_host(
         self, batch: ScheduleBatch, plan: CatchupPlan, seq_lens: torch.Tensor
     ) -> List[int]:
-        """The rows' lengths on the host: sglang's CPU mirror, else what the plain step before
-        published, else (a row that was not in it) a synchronising copy."""
+        """The rows' lengths on the host: sglang's CPU mirror, else the length a deferred
+        prefill left (a row with no plain step since) or what the plain step before published,
+        else (a row that was in neither) a synchronising copy. The plain step's record may
+        still hold a slot's previous request, so a deferred prefill's length comes first."""
         if batch.seq_lens_cpu is not None:
             return batch.seq_lens_cpu[plan.rows].tolist()
-        published = self.plain_step_lengths.lengths(
-            [int(batch.req_pool_indices_cpu[row]) for row in plan.rows]
-        )
-        return published if published is not None else seq_lens.cpu().tolist()
+        slots = [int(batch.req_pool_indices_cpu[row]) for row in plan.rows]
+        known = {slot: self._prefill_lengths[slot] for slot in slots
+                 if slot in self._prefill_lengths}
+        others = [slot for slot in slots if slot not in known]
+        published = self.plain_step_lengths.lengths(others) if others else []
+        if published is None:
+            return seq_lens.cpu().tolist()
+        known.update(zip(others, published))
+        return [known[slot] for slot in slots]
 
     def _extend_batch(
         self, draft_worker, batch: ScheduleBatch, plan: CatchupPlan, rows: torch.Tensor

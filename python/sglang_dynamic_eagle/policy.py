@@ -80,6 +80,10 @@ class DecodePolicy(Protocol):
     def mode(self) -> DecodeMode:
         """The mode of the latest decided step (the initial mode before the first)."""
 
+    def stays_plain(self) -> bool:
+        """True while the policy decodes plainly and is not on its way back to speculation:
+        no patience streak towards it, and not a plain probe that returns to it."""
+
     @property
     def max_speculative_batch(self) -> int:
         """Largest batch that may speculate (the speculative CUDA graphs' limit)."""
@@ -115,6 +119,11 @@ class PatienceStreak:
 
     def reset(self) -> None:
         self._length = 0
+
+    @property
+    def running(self) -> bool:
+        """Some qualifying steps counted, the streak not complete yet."""
+        return self._length > 0
 
 
 @dataclass(frozen=True)
@@ -160,6 +169,9 @@ class ThresholdPolicy:
     @property
     def mode(self) -> DecodeMode:
         return self._mode
+
+    def stays_plain(self) -> bool:
+        return self._mode is DecodeMode.PLAIN and not self._streak.running
 
     @property
     def config(self) -> ThresholdPolicyConfig:

@@ -309,7 +309,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
     def _defers_draft_prefill(self, batch: ScheduleBatch) -> bool:
         return (
             self._deferred_prefill is not None
-            and self._policy.mode is DecodeMode.PLAIN
+            and self._policy.stays_plain()
             and can_defer(batch)
         )
 

@@ -14,6 +14,7 @@ from sglang_dynamic_eagle.unsupported import EXPERIMENTAL_TREES_ENV
 
 from gpu_servers import (
     KIT_MODELS,
+    DEFERRED_PREFILL_WINDOW,
     FIXED_THRESHOLD_FLAGS,
     TINY_PAIR,
     TREE_SHAPE,
@@ -21,10 +22,6 @@ from gpu_servers import (
     tiny_pair_args,
     tiny_pair_server_env,
 )
-
-# Prompt positions per request a deferred prefill leaves to the catch-up: fewer than the eval
-# prompts' tokens, so the positions before them keep stale draft KV.
-DEFERRED_PREFILL_WINDOW = 16
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +45,8 @@ def tiny_servers() -> Iterator[LazyServers]:
     """Plain, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds, and automatic) servers of the tiny
     trained pair, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds) with a tree of topk 4, and the
     catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1), and
-    EAGLE3_DYNAMIC with plain-mode prefills deferring the draft's prefill. Each starts
+    EAGLE3_DYNAMIC with plain-mode prefills deferring the draft's prefill (and its negative
+    control, which leaves one prompt position to the catch-up). Each starts
     when a test first uses it, so a run of some of the tests starts only the servers they use
     (the seven together take several minutes to start)."""
     common, draft = tiny_pair_args()
@@ -75,11 +73,16 @@ def tiny_servers() -> Iterator[LazyServers]:
         "tiny_dynamic_deferred": common + ["--mem-fraction-static", "0.5",
                                            "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                            *FIXED_THRESHOLD_FLAGS],
+        # Negative control of the deferred-prefill test: one prompt position caught up.
+        "tiny_dynamic_deferred_w1": common + ["--mem-fraction-static", "0.5",
+                                              "--speculative-algorithm", "EAGLE3_DYNAMIC",
+                                              *draft, *FIXED_THRESHOLD_FLAGS],
     }
     env = {**tiny_pair_server_env(), EXPERIMENTAL_TREES_ENV: "1"}
     server_envs = {
         "tiny_dynamic_window1": {CATCHUP_WINDOW_ENV: "1"},
         "tiny_dynamic_deferred": {DEFER_ENV: str(DEFERRED_PREFILL_WINDOW)},
+        "tiny_dynamic_deferred_w1": {DEFER_ENV: "1"},
     }
     servers = LazyServers(specs, env=env, server_envs=server_envs)
     try:

@@ -50,6 +50,10 @@ DUMMY_WEIGHTS_ENV = "SGLANG_DE_TEST_DUMMY_WEIGHT_STD"
 DUMMY_WEIGHTS_PLUGIN = "dynamic_eagle_test_dummy_weights"
 DUMMY_WEIGHT_STD = "0.02"
 START_TIMEOUT_S = 420
+# Prompt positions per request a deferred prefill (the tiny server "tiny_dynamic_deferred")
+# leaves to the catch-up: more than any tiny-pair eval prompt's tokens (at most 100), so the
+# catch-up rebuilds every prompt position it skipped.
+DEFERRED_PREFILL_WINDOW = 128
 
 COMMON_SERVER_ARGS = [
     "--attention-backend", "triton",
