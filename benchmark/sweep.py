@@ -16,11 +16,12 @@ import argparse
 import dataclasses
 import logging
 import shlex
+import signal
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from sweeplib import bench, bench_driver, configs, mode_counters, results, server, ttft_probe
@@ -49,17 +50,9 @@ QUICK_DEFAULTS = {
 }
 
 
-@dataclass
-class Deadline:
-    """The time budget of a whole sweep; None means unlimited."""
-
-    budget_s: float | None
-    started: float = field(default_factory=time.monotonic)
-
-    def remaining_s(self) -> float:
-        if self.budget_s is None:
-            return float("inf")
-        return self.budget_s - (time.monotonic() - self.started)
+def remaining_s(deadline: float) -> float:
+    """Seconds left until `deadline` (time.monotonic(); inf without a time budget)."""
+    return deadline - time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -74,7 +67,6 @@ class SweepPlan:
     probe_requests: int
     server_timeout_s: float
     bench_timeout_s: float
-    min_config_window_s: float
     log_tail_lines: int
     warmup_output_len: int
 
@@ -107,15 +99,15 @@ def record_from_result_line(config: str, num_prompts: int, line: dict, counters_
     """A run record from one bench_serving result line. The line's server_info was fetched right
     after the run, so it holds the mode counters after it; ``before_source`` says where the
     counters before it come from."""
-    parsed = bench.parse_bench_result(line)
-    completed = parsed.metrics.get("completed") or 0
+    metrics = bench.recorded_metrics(line)
+    completed = metrics.get("completed") or 0
     record = run_record(
         config, int(line["max_concurrency"]), num_prompts,
         results.RUN_OK if completed == num_prompts else "incomplete",
         None if completed == num_prompts else f"{completed} of {num_prompts} requests completed",
     )
     counters_after = mode_counters.find_mode_counters(line.get("server_info"))
-    record.update(wall_s=wall_s, metrics=parsed.metrics, ttft_diagnostics=parsed.ttft_diagnostics,
+    record.update(wall_s=wall_s, metrics=metrics, ttft_diagnostics=bench.ttft_diagnostics(line),
                   mode_counters={"before": counters_before, "before_source": before_source,
                                  "after": counters_after,
                                  "delta": mode_counters.counter_delta(counters_before, counters_after)})
@@ -134,14 +126,14 @@ def warm_up_group(plan: SweepPlan, scratch: Path, config: str) -> bench.RunGroup
 
 
 def bench_all_concurrencies(plan: SweepPlan, running: server.RunningServer, document: dict,
-                            out_dir: Path, scratch: Path, deadline: Deadline) -> None:
+                            out_dir: Path, scratch: Path, deadline: float) -> None:
     """Warm up, then run bench_serving at every concurrency against the running server, in one
     bench process, recording each run as its result line appears. Concurrencies without a
     result line are recorded as failed."""
     config = running.config
     prompts = {c: bench.prompts_for_concurrency(c, plan.waves, plan.min_prompts) for c in plan.concurrencies}
     # The warm-up counts as one more run per concurrency.
-    timeout_s = min(plan.bench_timeout_s * 2 * len(prompts), deadline.remaining_s())
+    timeout_s = min(plan.bench_timeout_s * 2 * len(prompts), remaining_s(deadline))
     if timeout_s <= 0:
         document["runs"] += [run_record(config, c, n, "skipped", "time budget spent") for c, n in prompts.items()]
         return
@@ -224,24 +216,16 @@ def config_record(plan: SweepPlan, command: list[str]) -> dict:
     }
 
 
-def config_window_s(min_window_s: float, previous_config_s: float | None) -> float:
-    """Time budget a configuration needs before its server is started: as long as the previous
-    configuration that ran took (start-up, warm-up and runs), and at least `min_window_s`.
-    Starting a server whose runs the budget then cuts only burns GPU time."""
-    return max(min_window_s, previous_config_s or 0.0)
-
-
 def sweep_config(plan: SweepPlan, config: str, document: dict, out_dir: Path,
-                 scratch: Path, deadline: Deadline, window_s: float) -> str:
-    """Serve and benchmark one configuration if `window_s` of the budget is left; record
-    everything into `document`. Returns the trimmed server log for the log-tail file."""
+                 scratch: Path, deadline: float) -> str:
+    """Serve and benchmark one configuration unless the time budget is spent; record everything
+    into `document`. Returns the trimmed server log for the log-tail file."""
     command = configs.server_command(config, plan.setup)
     record = config_record(plan, command)
     document["configs"][config] = record
-    if deadline.remaining_s() < window_s:
+    if remaining_s(deadline) <= 0:
         record["error"] = "time budget spent"
-        logger.warning("[%s] skipped: %.0f s of the time budget left, %.0f s needed",
-                       config, deadline.remaining_s(), window_s)
+        logger.warning("[%s] skipped: the time budget is spent", config)
         return ""
     if server.port_accepts_connections(plan.setup.host, plan.setup.port):
         record.update(status="failed_to_start", error=f"port {plan.setup.port} is already in use")
@@ -253,7 +237,7 @@ def sweep_config(plan: SweepPlan, config: str, document: dict, out_dir: Path,
                                   server.base_url_of(plan.setup.host, plan.setup.port))
     try:
         record["startup_s"] = server.wait_until_healthy(
-            running, min(plan.server_timeout_s, deadline.remaining_s()), ERROR_TAIL_LINES)
+            running, min(plan.server_timeout_s, remaining_s(deadline)), ERROR_TAIL_LINES)
         info = server.fetch_server_info(running.base_url)
         record.update(status=results.RUN_OK,
                       max_running_requests=server.effective_max_running_requests(info),
@@ -290,63 +274,35 @@ def sweep_config(plan: SweepPlan, config: str, document: dict, out_dir: Path,
 
 
 def build_plan(args: argparse.Namespace, out_dir: Path) -> SweepPlan:
-    defaults = QUICK_DEFAULTS if args.quick else FULL_DEFAULTS
-    resolved = {key: getattr(args, key) if getattr(args, key) is not None else value
-                for key, value in defaults.items()}
+    resolved = {key: value if getattr(args, key) is None else getattr(args, key)
+                for key, value in (QUICK_DEFAULTS if args.quick else FULL_DEFAULTS).items()}
     config_names = configs.parse_config_list(args.configs)
     adaptive_config_path = args.adaptive_config
     if configs.ADAPTIVE in config_names and adaptive_config_path is None:
         adaptive_config_path = str((out_dir / ADAPTIVE_CONFIG_FILE).resolve())
         configs.write_adaptive_config(Path(adaptive_config_path))
     setup = configs.ServerSetup(
-        model_path=args.model_path,
-        draft_model_path=args.draft_model_path,
-        load_format=args.load_format,
-        host=args.host,
-        port=args.port,
-        common_args=tuple(shlex.split(args.common_args)),
-        dynamic_args=tuple(shlex.split(args.dynamic_args)),
-        adaptive_config_path=adaptive_config_path,
-        spec_shape=configs.SpeculativeShape(args.spec_steps, args.spec_topk, args.spec_draft_tokens),
-    )
+        args.model_path, args.draft_model_path, args.load_format, args.host, args.port,
+        tuple(shlex.split(args.common_args)), tuple(shlex.split(args.dynamic_args)), adaptive_config_path,
+        configs.SpeculativeShape(args.spec_steps, args.spec_topk, args.spec_draft_tokens))
     bench_settings = bench.BenchSettings(
-        tokenizer=args.tokenizer or args.model_path,
-        input_len=args.input_len,
-        output_len=resolved["output_len"],
-        seed=args.seed,
-        visible_special_tokens=args.visible_special_tokens,
-        extra_args=tuple(shlex.split(args.bench_args)),
-    )
+        args.tokenizer or args.model_path, args.input_len, resolved["output_len"], args.seed,
+        args.visible_special_tokens, tuple(shlex.split(args.bench_args)))
     return SweepPlan(
-        config_names=config_names,
-        concurrencies=parse_int_list(resolved["concurrencies"]),
-        setup=setup,
-        bench_settings=bench_settings,
-        server_env=configs.parse_env_assignments(args.server_env),
-        waves=resolved["waves"],
-        min_prompts=resolved["min_prompts"],
-        probe_requests=resolved["probe_requests"],
-        server_timeout_s=args.server_timeout_s,
-        bench_timeout_s=args.bench_timeout_s,
-        min_config_window_s=args.min_config_window_s,
-        log_tail_lines=args.log_tail_lines,
-        warmup_output_len=warmup_output_len(args.warmup_output_len, resolved["output_len"]),
-    )
+        config_names, parse_int_list(resolved["concurrencies"]), setup, bench_settings,
+        configs.parse_env_assignments(args.server_env), resolved["waves"], resolved["min_prompts"],
+        resolved["probe_requests"], args.server_timeout_s, args.bench_timeout_s, args.log_tail_lines,
+        warmup_output_len(args.warmup_output_len, resolved["output_len"]))
 
 
 def plan_settings(plan: SweepPlan) -> dict:
+    settings = plan.bench_settings
     return {
-        "configs": plan.config_names,
-        "concurrencies": plan.concurrencies,
-        "input_len": plan.bench_settings.input_len,
-        "output_len": plan.bench_settings.output_len,
-        "waves": plan.waves,
-        "min_prompts": plan.min_prompts,
-        "probe_requests": plan.probe_requests,
-        "warmup_output_len": plan.warmup_output_len,
-        "visible_special_tokens": plan.bench_settings.visible_special_tokens,
-        "bench_extra_args": list(plan.bench_settings.extra_args),
-        "server_env": plan.server_env,
+        "configs": plan.config_names, "concurrencies": plan.concurrencies,
+        "input_len": settings.input_len, "output_len": settings.output_len, "waves": plan.waves,
+        "min_prompts": plan.min_prompts, "probe_requests": plan.probe_requests,
+        "warmup_output_len": plan.warmup_output_len, "visible_special_tokens": settings.visible_special_tokens,
+        "bench_extra_args": list(settings.extra_args), "server_env": plan.server_env,
     }
 
 
@@ -355,31 +311,34 @@ def write_server_logs(out_dir: Path, tails: dict[str, str]) -> None:
     (out_dir / SERVER_LOGS_FILE).write_text(text)
 
 
+def stop_on_sigterm(signum, frame) -> None:
+    """An outer `timeout` sends SIGTERM: unwind, so that the server is stopped and the results,
+    server logs and report of what finished are written."""
+    raise SystemExit(128 + signum)
+
+
 def command_run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    deadline = Deadline(args.time_budget_s)
+    deadline = time.monotonic() + (args.time_budget_s if args.time_budget_s is not None else float("inf"))
     plan = build_plan(args, out_dir)
     document = results.new_results_document([sys.executable] + sys.argv, plan_settings(plan))
     logger.info("sweep: configs %s, concurrencies %s, output %d tokens, results in %s",
                 ",".join(plan.config_names), plan.concurrencies, plan.bench_settings.output_len, out_dir)
     scratch = Path(tempfile.mkdtemp(prefix="sweep-"))
     tails: dict[str, str] = {}
-    previous_config_s = None
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         for config in plan.config_names:
-            started = time.monotonic()
-            window_s = config_window_s(plan.min_config_window_s, previous_config_s)
-            tails[config] = sweep_config(plan, config, document, out_dir, scratch, deadline, window_s)
-            if document["configs"][config]["status"] == results.RUN_OK:
-                previous_config_s = time.monotonic() - started
+            tails[config] = sweep_config(plan, config, document, out_dir, scratch, deadline)
             results.save_results(document, out_dir / RESULTS_FILE)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         results.save_results(document, out_dir / RESULTS_FILE)
         write_server_logs(out_dir, tails)
         shutil.rmtree(scratch, ignore_errors=True)
-    for path in write_report(document, out_dir):
-        logger.info("wrote %s", path)
+        for path in write_report(document, out_dir):
+            logger.info("wrote %s", path)
     all_ok = all(c["status"] == results.RUN_OK for c in document["configs"].values()) and all(
         r["status"] == results.RUN_OK for r in document["runs"])
     return 0 if all_ok else 1
@@ -396,60 +355,50 @@ def command_report(args: argparse.Namespace) -> int:
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model-path", required=True, help="target model (path or hub id)")
-    parser.add_argument("--draft-model-path", help="EAGLE-3 draft model; needed by eagle3, adaptive, dynamic")
-    parser.add_argument("--tokenizer", help="tokenizer for bench_serving (default: --model-path)")
-    parser.add_argument("--load-format", help="e.g. dummy; also sets --speculative-draft-load-format")
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--configs", default=",".join(configs.CONFIG_NAMES),
-                        help="comma-separated subset of %(default)s, run in the given order")
-    parser.add_argument("--concurrencies", help=f"comma-separated (default {FULL_DEFAULTS['concurrencies']}, "
-                                                f"--quick {QUICK_DEFAULTS['concurrencies']})")
-    parser.add_argument("--input-len", type=int, default=512, help="prompt tokens (default %(default)s)")
-    parser.add_argument("--output-len", type=int, help=f"output tokens (default {FULL_DEFAULTS['output_len']}, "
-                                                       f"--quick {QUICK_DEFAULTS['output_len']})")
-    parser.add_argument("--waves", type=int, help="prompts per run = max(min-prompts, waves x concurrency) "
-                                                  f"(default {FULL_DEFAULTS['waves']}, --quick {QUICK_DEFAULTS['waves']})")
-    parser.add_argument("--min-prompts", type=int, help=f"(default {FULL_DEFAULTS['min_prompts']}, "
-                                                        f"--quick {QUICK_DEFAULTS['min_prompts']})")
-    parser.add_argument("--warmup-output-len", type=int,
-                        help="output tokens of the unrecorded warm-up wave at every concurrency (default: "
-                             "--output-len; shorter saves time where the kernels are compiled already, see README)")
-    parser.add_argument("--probe-requests", type=int,
-                        help="sequential TTFT probe requests per server, 0 = no probe "
-                             f"(default {FULL_DEFAULTS['probe_requests']}, --quick {QUICK_DEFAULTS['probe_requests']})")
-    parser.add_argument("--quick", action="store_true", help="short smoke sweep; explicit flags still win")
-    parser.add_argument("--common-args", default=configs.DEFAULT_COMMON_ARGS,
-                        help="server flags for every configuration (default: %(default)s)")
-    parser.add_argument("--dynamic-args", default="",
-                        help="extra flags for the dynamic server only, e.g. "
-                             "'--speculative-disable-batch-threshold 24 --speculative-enable-batch-threshold 16 "
-                             "--speculative-switch-patience 4'")
-    parser.add_argument("--adaptive-config", help="adaptive config JSON (default: write one with steps <= 3 into --out)")
-    parser.add_argument("--spec-steps", type=int, default=3, help="--speculative-num-steps (default %(default)s)")
-    parser.add_argument("--spec-topk", type=int, default=1, help="--speculative-eagle-topk (default %(default)s)")
-    parser.add_argument("--spec-draft-tokens", type=int, default=4,
-                        help="--speculative-num-draft-tokens (default %(default)s)")
-    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="environment variable for every server, repeatable (e.g. SGLANG_SIMULATE_ACC_LEN=3.0)")
-    parser.add_argument("--visible-special-tokens", action="store_true",
-                        help="bench requests with skip_special_tokens=False (see README: TTFT under simulated acceptance)")
-    parser.add_argument("--bench-args", default="", help="extra sglang.bench_serving flags for every run")
-    parser.add_argument("--seed", type=int, default=1, help="bench_serving and probe seed (default %(default)s)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--server-timeout-s", type=float, default=300.0,
-                        help="longest wait for a server to become healthy (default %(default)s)")
-    parser.add_argument("--bench-timeout-s", type=float, default=300.0,
-                        help="time allowed per concurrency; the bench process of a configuration is killed after "
-                             "this times the number of concurrencies (default %(default)s)")
-    parser.add_argument("--time-budget-s", type=float,
-                        help="stop starting servers or runs after this many seconds (default: no limit)")
-    parser.add_argument("--min-config-window-s", type=float, default=120.0,
-                        help="skip a configuration when less of the time budget is left than this, or than "
-                             "the previous configuration took (default %(default)s)")
-    parser.add_argument("--log-tail-lines", type=int, default=200,
-                        help=f"server log lines kept per configuration in {SERVER_LOGS_FILE} (default %(default)s)")
+    """The flags of `run` (benchmark/README.md explains each)."""
+    def add(flag: str, help: str, **kwargs) -> None:
+        parser.add_argument(flag, help=help, **kwargs)
+
+    def quick_default(key: str) -> str:
+        return f"(default {FULL_DEFAULTS[key]}, --quick {QUICK_DEFAULTS[key]})"
+
+    add("--model-path", "target model (path or hub id)", required=True)
+    add("--draft-model-path", "EAGLE-3 draft model; needed by every configuration but plain")
+    add("--tokenizer", "tokenizer for bench_serving (default: --model-path)")
+    add("--load-format", "e.g. dummy; also sets --speculative-draft-load-format")
+    add("--out", "output folder", required=True)
+    add("--configs", "comma-separated subset of %(default)s, run in the given order",
+        default=",".join(configs.CONFIG_NAMES))
+    add("--concurrencies", "comma-separated " + quick_default("concurrencies"))
+    add("--input-len", "prompt tokens (default %(default)s)", type=int, default=512)
+    add("--output-len", "output tokens " + quick_default("output_len"), type=int)
+    add("--waves", "prompts per run = max(min-prompts, waves x concurrency) " + quick_default("waves"), type=int)
+    add("--min-prompts", quick_default("min_prompts"), type=int)
+    add("--warmup-output-len", "output tokens of the unrecorded warm-up wave (default: --output-len)", type=int)
+    add("--probe-requests", "sequential TTFT probe requests per server, 0 = none " + quick_default("probe_requests"),
+        type=int)
+    add("--quick", "short smoke sweep; explicit flags still win", action="store_true")
+    add("--common-args", "server flags for every configuration (default: %(default)s)",
+        default=configs.DEFAULT_COMMON_ARGS)
+    add("--dynamic-args", "extra flags for the dynamic server only", default="")
+    add("--adaptive-config", "adaptive config JSON (default: one with steps <= 3, written into --out)")
+    add("--spec-steps", "--speculative-num-steps (default %(default)s)", type=int, default=3)
+    add("--spec-topk", "--speculative-eagle-topk (default %(default)s)", type=int, default=1)
+    add("--spec-draft-tokens", "--speculative-num-draft-tokens (default %(default)s)", type=int, default=4)
+    add("--server-env", "environment variable for every server, repeatable", action="append", default=[],
+        metavar="NAME=VALUE")
+    add("--visible-special-tokens", "bench requests with skip_special_tokens=False", action="store_true")
+    add("--bench-args", "extra sglang.bench_serving flags for every run", default="")
+    add("--seed", "bench_serving and probe seed (default %(default)s)", type=int, default=1)
+    add("--host", "(default %(default)s)", default="127.0.0.1")
+    add("--port", "(default %(default)s)", type=int, default=30000)
+    add("--server-timeout-s", "longest wait for /health (default %(default)s)", type=float, default=300.0)
+    add("--bench-timeout-s", "per concurrency and run; a configuration's bench process is killed after "
+        "twice this times the number of concurrencies (default %(default)s)", type=float, default=300.0)
+    add("--time-budget-s", "no server is started and a bench process is killed after this many seconds; "
+        "the report is written from what finished (default: no limit)", type=float)
+    add("--log-tail-lines", f"server log lines kept per configuration in {SERVER_LOGS_FILE} (default %(default)s)",
+        type=int, default=200)
 
 
 def build_parser() -> argparse.ArgumentParser:

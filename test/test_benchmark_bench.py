@@ -1,4 +1,4 @@
-"""Running bench_serving and reading its result lines (benchmark/sweeplib/bench.py, bench_driver.py)."""
+"""Running the bench driver and reading its result lines (benchmark/sweeplib/bench.py)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,13 @@ import json
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
 
-from sweeplib import bench, bench_driver  # noqa: E402
+from sweeplib import bench  # noqa: E402
 from benchmark_helpers import bench_result_line  # noqa: E402
 
 
@@ -21,10 +20,11 @@ def test_parse_bench_result_reads_metrics_and_ttft_details():
     ttfts = [0.020, 0.690, 0.700, 0.030]
     itls = [[0.005] * 255, [], [], [0.005] * 255]
     line = bench_result_line(1234.5, ttfts, itls, e2e_ms=700.0, accept_length=3.0)
-    parsed = bench.parse_bench_result(json.loads(json.dumps(line)))
+    line = json.loads(json.dumps(line))
+    metrics = bench.recorded_metrics(line)
     for key in bench.RECORDED_METRICS:
-        assert parsed.metrics[key] == line[key]
-    diag = parsed.ttft_diagnostics
+        assert metrics[key] == line[key]
+    diag = bench.ttft_diagnostics(line)
     assert diag["first_request_ttft_ms"] == pytest.approx(ttfts[0] * 1000)
     assert diag["median_ttft_excluding_first_ms"] == pytest.approx(statistics.median(ttfts[1:]) * 1000)
     assert diag["requests_with_text_only_in_last_chunk"] == sum(1 for i in itls if not i)
@@ -37,7 +37,7 @@ def test_parse_bench_result_reads_metrics_and_ttft_details():
 
 def test_requests_that_never_show_text_are_counted_apart():
     line = bench_result_line(100.0, [0.0, 0.5, 0.0], [[], [], []])
-    diag = bench.parse_bench_result(line).ttft_diagnostics
+    diag = bench.ttft_diagnostics(line)
     assert diag["requests_without_visible_text"] == 2
     assert diag["first_request_ttft_ms"] is None
     assert diag["requests_with_text_only_in_last_chunk"] == 1
@@ -105,89 +105,3 @@ def test_run_bench_driver_stops_when_the_server_dies_or_time_runs_out(tmp_path):
     assert bench.run_bench_driver(command, [(output, print)], log, 0.5,
                                   server_alive=lambda: True) == bench.TIMEOUT_EXIT_CODE
     assert time.monotonic() - started < 20
-
-
-def test_driver_runs_every_group_with_its_own_flags(monkeypatch):
-    from sglang.benchmark import serving
-
-    calls = []
-    monkeypatch.setattr(serving, "flush_server_cache", serving.flush_server_cache)
-    monkeypatch.setattr(serving, "cli_main", lambda: calls.append(sys.argv[1:]))
-    monkeypatch.setattr(sys, "argv", ["pytest"])
-    argv = ["1:1", "--", "--warm", bench_driver.GROUP_SEPARATOR, "1:4", "4:8", "--", "--measured"]
-    assert bench_driver.main(argv) == 0
-    assert calls == [
-        ["--warm", "--max-concurrency", "1", "--num-prompts", "1"],
-        ["--measured", "--max-concurrency", "1", "--num-prompts", "4"],
-        ["--measured", "--max-concurrency", "4", "--num-prompts", "8"],
-    ]
-    assert serving.flush_server_cache is bench_driver.flush_when_idle
-
-
-def test_driver_goes_on_after_bench_serving_exits(monkeypatch):
-    from sglang.benchmark import serving
-
-    calls = []
-
-    def cli_main():
-        calls.append(sys.argv[1:])
-        if "--warm" in sys.argv:
-            sys.exit(1)  # what bench_serving does when the server is not ready
-
-    monkeypatch.setattr(serving, "flush_server_cache", serving.flush_server_cache)
-    monkeypatch.setattr(serving, "cli_main", cli_main)
-    monkeypatch.setattr(sys, "argv", ["pytest"])
-    argv = ["1:1", "--", "--warm", bench_driver.GROUP_SEPARATOR, "1:4", "--", "--measured"]
-    assert bench_driver.main(argv) == 1
-    assert [call[0] for call in calls] == ["--warm", "--measured"]
-
-
-class FakeRequests:
-    """The parts of `requests` that flush_when_idle uses, answering like an sglang server."""
-
-    RequestException = OSError
-
-    def __init__(self, server_info: dict | None) -> None:
-        self.server_info = server_info
-        self.calls: list[str] = []
-
-    def post(self, url, params=None, timeout=None):
-        self.calls.append(f"POST {url}")
-        return types.SimpleNamespace(raise_for_status=lambda: None)
-
-    def get(self, url, timeout=None):
-        self.calls.append(f"GET {url}")
-        if self.server_info is None:
-            raise OSError("connection refused")
-        return types.SimpleNamespace(json=lambda: self.server_info)
-
-
-def test_each_runs_state_after_bench_servings_warm_up_is_recorded(monkeypatch, tmp_path):
-    """The flush after bench_serving's warm-up request is followed by a /server_info snapshot,
-    appended to the run's after-warm-up file with the run's concurrency."""
-    from sglang.benchmark import serving
-
-    output = tmp_path / "bench.jsonl"
-    fake = FakeRequests({"internal_states": [{"dynamic_eagle": {"speculative_steps": 7}}]})
-    monkeypatch.setitem(sys.modules, "requests", fake)
-    monkeypatch.setattr(serving, "cli_main",
-                        lambda: serving.flush_server_cache("http://h:1", "sglang"))
-    monkeypatch.setattr(sys, "argv", ["pytest"])
-    assert bench_driver.main(["1:4", "8:16", "--", "--output-file", str(output)]) == 0
-    lines = [json.loads(line) for line in
-             Path(bench_driver.after_warmup_file(str(output))).read_text().splitlines()]
-    assert [line["max_concurrency"] for line in lines] == [1, 8]
-    assert lines[0]["server_info"]["internal_states"][0]["dynamic_eagle"] == {"speculative_steps": 7}
-    assert fake.calls[:2] == ["POST http://h:1/flush_cache", "GET http://h:1/server_info"]
-
-
-def test_a_failed_snapshot_leaves_the_run_without_one(monkeypatch, tmp_path):
-    from sglang.benchmark import serving
-
-    output = tmp_path / "bench.jsonl"
-    monkeypatch.setitem(sys.modules, "requests", FakeRequests(None))
-    monkeypatch.setattr(serving, "cli_main",
-                        lambda: serving.flush_server_cache("http://h:1", "sglang"))
-    monkeypatch.setattr(sys, "argv", ["pytest"])
-    assert bench_driver.main(["1:4", "--", "--output-file", str(output)]) == 0
-    assert not Path(bench_driver.after_warmup_file(str(output))).exists()

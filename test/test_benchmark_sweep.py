@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,15 +95,9 @@ def test_quick_defaults_and_explicit_flags(tmp_path):
     assert (tmp_path / sweep.ADAPTIVE_CONFIG_FILE).exists()
 
 
-def test_config_window_is_the_previous_configuration_time_or_the_minimum():
-    assert sweep.config_window_s(90.0, None) == 90.0
-    assert sweep.config_window_s(90.0, 60.0) == 90.0
-    assert sweep.config_window_s(90.0, 194.0) == 194.0
-
-
-def test_configuration_skipped_without_a_server_when_its_window_is_not_left(tmp_path, monkeypatch):
-    parser = sweep.build_parser()
-    args = parser.parse_args(["run", "--model-path", "m", "--draft-model-path", "d", "--out", str(tmp_path)])
+def test_configuration_skipped_without_a_server_once_the_time_budget_is_spent(tmp_path, monkeypatch):
+    args = sweep.build_parser().parse_args(["run", "--model-path", "m", "--draft-model-path", "d",
+                                            "--out", str(tmp_path)])
     plan = sweep.build_plan(args, tmp_path)
     document = results.new_results_document(["sweep"], sweep.plan_settings(plan))
 
@@ -109,11 +105,36 @@ def test_configuration_skipped_without_a_server_when_its_window_is_not_left(tmp_
         raise AssertionError("a server was started")
 
     monkeypatch.setattr(sweep.server, "start_server", no_server)
-    deadline = sweep.Deadline(budget_s=120.0)
-    tail = sweep.sweep_config(plan, "dynamic", document, tmp_path, tmp_path, deadline, window_s=194.0)
+    tail = sweep.sweep_config(plan, "dynamic", document, tmp_path, tmp_path, deadline=time.monotonic())
     assert tail == ""
     assert document["configs"]["dynamic"]["status"] == "skipped"
     assert document["configs"]["dynamic"]["error"] == "time budget spent"
+
+
+def test_a_stopped_sweep_still_writes_results_and_report(tmp_path, monkeypatch):
+    """An outer `timeout` sends SIGTERM; what finished before it is written all the same."""
+    def sweep_config(plan, config, document, out_dir, scratch, deadline):
+        if config == "eagle3":
+            sweep.stop_on_sigterm(signal.SIGTERM, None)
+        document["configs"][config] = {"status": results.RUN_OK, "error": None}
+        document["runs"].append({**bench_run(config), "concurrency": 1})
+        return f"{config} log"
+
+    monkeypatch.setattr(sweep, "sweep_config", sweep_config)
+    with pytest.raises(SystemExit) as stopped:
+        sweep.main(["run", "--model-path", "m", "--draft-model-path", "d", "--out", str(tmp_path),
+                    "--configs", "plain,eagle3", "--concurrencies", "1"])
+    assert stopped.value.code == 128 + signal.SIGTERM
+    document = results.load_results(tmp_path / sweep.RESULTS_FILE)
+    assert [run["config"] for run in document["runs"]] == ["plain"]
+    assert "plain log" in (tmp_path / sweep.SERVER_LOGS_FILE).read_text()
+    assert "| 1 | 1000 |" in (tmp_path / "report.md").read_text()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def bench_run(config: str) -> dict:
+    line = {**bench_result_line(1000.0, [0.03] * 4, [[0.01]] * 4), "max_concurrency": 1}
+    return sweep.record_from_result_line(config, 4, line, None, wall_s=1.0)
 
 
 def test_run_record_takes_counters_after_from_the_result_line():
@@ -153,7 +174,7 @@ def test_a_runs_counters_start_after_bench_servings_warm_up_request(tmp_path, mo
     monkeypatch.setattr(sweep.server, "fetch_server_info", lambda url: dynamic_info(0, 0))
     running = sweep.server.RunningServer("dynamic", None, tmp_path / "server.log", "http://h:1")
     document = {"runs": []}
-    sweep.bench_all_concurrencies(plan, running, document, tmp_path, tmp_path, sweep.Deadline(None))
+    sweep.bench_all_concurrencies(plan, running, document, tmp_path, tmp_path, float("inf"))
     (run,) = document["runs"]
     delta = run["mode_counters"]["delta"]
     assert (delta["speculative_steps"], delta["plain_steps"]) == (10, 400)
