@@ -18,6 +18,12 @@ LATENCY_TABLES: tuple[tuple[str, str, str], ...] = (
     ("TPOT (ms), median / p99", "median_tpot_ms", "p99_tpot_ms"),
     ("ITL (ms), median / p99", "median_itl_ms", "p99_itl_ms"),
 )
+# (metric, what the row shows) of the EAGLE3_DYNAMIC / plain table.
+PLAIN_RATIO_METRICS = (
+    ("output_throughput", "output throughput"),
+    ("request_throughput", "request throughput"),
+    ("median_ttft_ms", "median TTFT"),
+)
 
 
 def ordered_configs(names: set[str]) -> list[str]:
@@ -31,52 +37,28 @@ def runs_in_report_order(document: dict) -> list[dict]:
     return sorted(successful_runs(document), key=lambda r: (rank[r["config"]], r["concurrency"]))
 
 
-# (metric, what the row shows) of the EAGLE3_DYNAMIC / plain table.
-PLAIN_RATIO_METRICS = (
-    ("output_throughput", "output throughput"),
-    ("request_throughput", "request throughput"),
-    ("median_ttft_ms", "median TTFT"),
-)
-
-
-def plain_ratio_table(document: dict) -> list[str]:
-    """EAGLE3_DYNAMIC over plain decoding per concurrency: throughputs (above 1 is faster) and
-    median TTFT (below 1 is sooner), what a prefill-heavy comparison needs."""
-    rows = []
-    for config in (DYNAMIC, DYNAMIC_FIXED):
-        for metric, label in PLAIN_RATIO_METRICS:
-            grid = metric_grid(document, metric)
-            ratios = {c: values[config] / values[PLAIN] for c, values in grid.items()
-                      if config in values and values.get(PLAIN)}
-            if ratios:
-                rows.append((config, label, ratios))
-    if not rows:
-        return ["No EAGLE3_DYNAMIC run with a plain run beside it."]
-    concurrencies = sorted({c for _, _, ratios in rows for c in ratios})
-    return _markdown_table(
-        ["config", "ratio of"] + [str(c) for c in concurrencies],
-        [[config, label] + [_format_number(ratios.get(c), 3) for c in concurrencies]
-         for config, label, ratios in rows],
-    )
-
-
 def metric_grid(document: dict, metric: str) -> dict[int, dict[str, float]]:
     """{concurrency: {config: value}} over successful runs that have the metric."""
     grid: dict[int, dict[str, float]] = {}
     for run in successful_runs(document):
-        value = run["metrics"].get(metric)
-        if value is not None:
-            grid.setdefault(int(run["concurrency"]), {})[run["config"]] = float(value)
+        if run["metrics"].get(metric) is not None:
+            grid.setdefault(int(run["concurrency"]), {})[run["config"]] = float(run["metrics"][metric])
     return grid
 
 
 def ratio_to_best_other(values: dict[str, float], config: str) -> float | None:
-    """values[config] divided by the largest value of any other configuration; None if there is
-    no other configuration or the best other value is not positive."""
+    """values[config] over the largest value of any other configuration; None if there is none
+    or it is not positive."""
     others = [value for name, value in values.items() if name != config]
-    if not others or max(others) <= 0:
+    return values[config] / max(others) if others and max(others) > 0 else None
+
+
+def ratio_to_baselines(values: dict[str, float], config: str) -> float | None:
+    """values[config] over the better of plain decoding and EAGLE3; None without both."""
+    if config not in values or PLAIN not in values or EAGLE3 not in values:
         return None
-    return values[config] / max(others)
+    best = max(values[PLAIN], values[EAGLE3])
+    return values[config] / best if best > 0 else None
 
 
 def _format_number(value: float | None, digits: int = 1) -> str:
@@ -88,188 +70,180 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
+def _concurrency_table(grid: dict[int, dict[str, float]], cell) -> list[str]:
+    """One row per concurrency, one column per configuration: cell(values of the row, config)."""
+    configs = ordered_configs({c for row in grid.values() for c in row})
+    rows = [[str(c)] + [cell(c, config) for config in configs] for c in sorted(grid)]
+    return _markdown_table(["concurrency"] + configs, rows)
+
+
 def throughput_table(document: dict) -> list[str]:
     grid = metric_grid(document, "output_throughput")
-    configs = ordered_configs({c for row in grid.values() for c in row})
-    rows = []
-    for concurrency in sorted(grid):
+
+    def cell(concurrency: int, config: str) -> str:
         values = grid[concurrency]
-        best = max(values, key=values.get)
-        cells = [str(concurrency)]
-        for config in configs:
-            if config not in values:
-                cells.append("-")
-                continue
-            number = f"{values[config]:.0f}"
-            if config == best and len(values) > 1:
-                number = f"**{number}**"
-            ratio = ratio_to_best_other(values, config)
-            cells.append(number if ratio is None else f"{number} ({ratio:.2f}x)")
-        rows.append(cells)
-    return _markdown_table(["concurrency"] + configs, rows)
+        if config not in values:
+            return "-"
+        number = f"{values[config]:.0f}"
+        if config == max(values, key=values.get) and len(values) > 1:
+            number = f"**{number}**"
+        ratio = ratio_to_best_other(values, config)
+        return number if ratio is None else f"{number} ({ratio:.2f}x)"
+
+    return _concurrency_table(grid, cell)
 
 
 def latency_table(document: dict, median_key: str, p99_key: str) -> list[str]:
-    medians = metric_grid(document, median_key)
-    p99s = metric_grid(document, p99_key)
-    configs = ordered_configs({c for row in medians.values() for c in row})
-    rows = [
-        [str(concurrency)] + [
-            f"{_format_number(medians[concurrency].get(c))} / {_format_number(p99s.get(concurrency, {}).get(c))}"
-            if c in medians[concurrency] else "-"
-            for c in configs
-        ]
-        for concurrency in sorted(medians)
-    ]
-    return _markdown_table(["concurrency"] + configs, rows)
+    medians, p99s = metric_grid(document, median_key), metric_grid(document, p99_key)
+    return _concurrency_table(medians, lambda c, config: (
+        f"{_format_number(medians[c].get(config))} / {_format_number(p99s.get(c, {}).get(config))}"
+        if config in medians[c] else "-"))
 
 
 def accept_length_table(document: dict) -> list[str]:
     grid = metric_grid(document, "accept_length")
-    configs = ordered_configs({c for row in grid.values() for c in row})
-    rows = [
-        [str(c)] + [_format_number(grid[c].get(config), 2) for config in configs]
-        for c in sorted(grid)
-    ]
-    return _markdown_table(["concurrency"] + configs, rows)
+    return _concurrency_table(grid, lambda c, config: _format_number(grid[c].get(config), 2))
+
+
+def baseline_ratio_table(document: dict) -> list[str]:
+    """EAGLE3_DYNAMIC configurations over the best of plain and EAGLE3, per concurrency, and
+    the geometric mean over the concurrencies where both baselines ran."""
+    grid = metric_grid(document, "output_throughput")
+    rows = []
+    for config in (DYNAMIC, DYNAMIC_FIXED):
+        ratios = [ratio_to_baselines(grid[c], config) for c in sorted(grid)]
+        present = [r for r in ratios if r is not None]
+        if present:
+            geomean = math.exp(sum(math.log(r) for r in present) / len(present))
+            rows.append([config] + [_format_number(r, 3) for r in ratios] + [f"{geomean:.3f}"])
+    if not rows:
+        return ["No EAGLE3_DYNAMIC run with both plain and EAGLE3 runs beside it."]
+    return _markdown_table(["config"] + [str(c) for c in sorted(grid)] + ["geometric mean"], rows)
+
+
+def plain_ratio_table(document: dict) -> list[str]:
+    """EAGLE3_DYNAMIC over plain decoding per concurrency: throughputs (above 1 is faster) and
+    median TTFT (below 1 is sooner), what a prefill-heavy comparison needs."""
+    rows = []
+    for config in (DYNAMIC, DYNAMIC_FIXED):
+        for metric, label in PLAIN_RATIO_METRICS:
+            ratios = {c: values[config] / values[PLAIN] for c, values in metric_grid(document, metric).items()
+                      if config in values and values.get(PLAIN)}
+            if ratios:
+                rows.append((config, label, ratios))
+    if not rows:
+        return ["No EAGLE3_DYNAMIC run with a plain run beside it."]
+    concurrencies = sorted({c for _, _, ratios in rows for c in ratios})
+    return _markdown_table(["config", "ratio of"] + [str(c) for c in concurrencies],
+                           [[config, label] + [_format_number(ratios.get(c), 3) for c in concurrencies]
+                            for config, label, ratios in rows])
+
+
+def _run_table(document: dict, header: list[str], row, empty: str | None = None) -> list[str]:
+    """One row per successful run in report order: row(run) (None leaves the run out)."""
+    rows = [r for r in map(row, runs_in_report_order(document)) if r is not None]
+    return _markdown_table(header, rows) if rows or empty is None else [empty]
 
 
 def mode_counter_table(document: dict) -> list[str]:
-    rows = []
-    for run in runs_in_report_order(document):
+    def row(run: dict) -> list[str] | None:
         delta = mode_counters.run_delta(run.get("mode_counters"))
         if not delta:
-            continue
+            return None
         fraction = delta["speculative_step_fraction"]
-        rows.append([
-            run["config"], str(run["concurrency"]),
-            "-" if fraction is None else f"{100 * fraction:.1f}%",
-            str(delta["speculative_steps"]),
-            _format_number(delta.get(mode_counters.RUN_SPECULATIVE_BATCH_FIELD)),
-            str(delta["plain_steps"]),
-            str(delta["switches_to_plain"]), str(delta["switches_to_speculative"]),
+        warm_up_excluded = (run.get("mode_counters") or {}).get("before_source") == mode_counters.BEFORE_AFTER_WARMUP
+        return [
+            run["config"], str(run["concurrency"]), "-" if fraction is None else f"{100 * fraction:.1f}%",
+            str(delta["speculative_steps"]), _format_number(delta.get(mode_counters.RUN_SPECULATIVE_BATCH_FIELD)),
+            str(delta["plain_steps"]), str(delta["switches_to_plain"]), str(delta["switches_to_speculative"]),
             str(delta["catchup_tokens"]), _format_number(delta.get("catchup_gpu_ms")),
             _format_number(delta.get(mode_counters.RUN_ACCEPT_FIELD), 2),
             _format_number(delta["mean_accept_length"], 2),
-            "yes" if delta["counters_reset_during_run"] else "no",
-            "no" if (run.get("mode_counters") or {}).get("before_source")
-            == mode_counters.BEFORE_AFTER_WARMUP else "yes",
-        ])
-    if not rows:
-        return ["No run reported EAGLE3_DYNAMIC mode counters (`dynamic_eagle` in /server_info)."]
-    header = [
-        "config", "concurrency", "share of speculative steps", "spec steps",
-        "requests per spec step", "plain steps",
-        "switches to plain", "switches to spec", "catch-up tokens", "catch-up GPU ms",
-        "accept length in spec steps (this run)", "mean accept length (server lifetime)",
-        "counters reset", "warm-up request included",
-    ]
-    return _markdown_table(header, rows)
+            "yes" if delta["counters_reset_during_run"] else "no", "no" if warm_up_excluded else "yes",
+        ]
+
+    header = ["config", "concurrency", "share of speculative steps", "spec steps", "requests per spec step",
+              "plain steps", "switches to plain", "switches to spec", "catch-up tokens", "catch-up GPU ms",
+              "accept length in spec steps (this run)", "mean accept length (server lifetime)",
+              "counters reset", "warm-up request included"]
+    return _run_table(document, header, row,
+                      "No run reported EAGLE3_DYNAMIC mode counters (`dynamic_eagle` in /server_info).")
 
 
 def prefill_table(document: dict) -> list[str]:
-    rows = []
-    for run in runs_in_report_order(document):
+    def row(run: dict) -> list[str] | None:
         delta = mode_counters.run_delta(run.get("mode_counters")) or {}
         target_ms, draft_ms = delta.get("prefill_target_gpu_ms"), delta.get("prefill_draft_gpu_ms")
         if target_ms is None or draft_ms is None:
-            continue
-        rows.append([
-            run["config"], str(run["concurrency"]), str(delta.get("prefill_batches", "-")),
-            str(delta.get("prefill_tokens", "-")), _format_number(target_ms),
-            _format_number(draft_ms),
-            f"{100 * draft_ms / target_ms:.1f}%" if target_ms else "-",
-        ])
-    if not rows:
-        return ["No run reported prefill timings (`prefill_target_gpu_ms` in /server_info)."]
+            return None
+        return [run["config"], str(run["concurrency"]), str(delta.get("prefill_batches", "-")),
+                str(delta.get("prefill_tokens", "-")), _format_number(target_ms), _format_number(draft_ms),
+                f"{100 * draft_ms / target_ms:.1f}%" if target_ms else "-"]
+
     header = ["config", "concurrency", "prefill batches", "prompt tokens", "target extend GPU ms",
               "draft extend GPU ms", "draft / target"]
-    return _markdown_table(header, rows)
-
-
-def _deciles_text(deciles: list | None) -> str:
-    if not deciles:
-        return "-"
-    return " / ".join(_format_number(deciles[index], 0) for index in (0, 4, 8))
+    return _run_table(document, header, row,
+                      "No run reported prefill timings (`prefill_target_gpu_ms` in /server_info).")
 
 
 def ttft_diagnostics_table(document: dict) -> list[str]:
-    rows = []
-    for run in runs_in_report_order(document):
+    def row(run: dict) -> list[str]:
         diag = run.get("ttft_diagnostics") or {}
-        rows.append([
-            run["config"], str(run["concurrency"]),
-            _format_number(run["metrics"].get("median_ttft_ms")),
+        deciles = diag.get("ttft_deciles_ms")
+        return [
+            run["config"], str(run["concurrency"]), _format_number(run["metrics"].get("median_ttft_ms")),
             _format_number(run["metrics"].get("median_e2e_latency_ms")),
             _format_number(diag.get("median_ttft_to_median_e2e"), 2),
             _format_number(diag.get("first_request_ttft_ms")),
             _format_number(diag.get("median_ttft_excluding_first_ms")),
-            f"{diag.get('requests_with_text_only_in_last_chunk', '-')} / {diag.get('requests_without_visible_text', '-')} of {run['num_prompts']}",
-            _deciles_text(diag.get("ttft_deciles_ms")),
-        ])
-    header = [
-        "config", "concurrency", "median TTFT", "median E2E", "TTFT / E2E",
-        "first request TTFT", "median TTFT without first", "text only in last chunk / never",
-        "TTFT p10 / p50 / p90",
-    ]
-    return _markdown_table(header, rows)
+            f"{diag.get('requests_with_text_only_in_last_chunk', '-')} / "
+            f"{diag.get('requests_without_visible_text', '-')} of {run['num_prompts']}",
+            " / ".join(_format_number(deciles[i], 0) for i in (0, 4, 8)) if deciles else "-",
+        ]
+
+    header = ["config", "concurrency", "median TTFT", "median E2E", "TTFT / E2E", "first request TTFT",
+              "median TTFT without first", "text only in last chunk / never", "TTFT p10 / p50 / p90"]
+    return _run_table(document, header, row)
+
+
+def _configs_in_order(document: dict) -> list[tuple[str, dict]]:
+    return [(name, document["configs"][name]) for name in ordered_configs(set(document["configs"]))]
 
 
 def probe_table(document: dict) -> list[str]:
-    rows = []
-    for name in ordered_configs(set(document["configs"])):
-        probe = document["configs"][name].get("ttft_probe")
-        if not probe:
-            continue
-        ids = ", ".join(str(r["first_output_id"]) for r in probe["requests"])
-        rows.append([
-            name,
-            _format_number(probe["cold_token_ttft_ms"]),
-            _format_number(probe["cold_text_ttft_ms"]),
-            _format_number(probe["warm_median_token_ttft_ms"]),
-            _format_number(probe["warm_median_text_ttft_ms"]),
-            _format_number(probe["warm_median_e2e_ms"]),
-            ids,
-        ])
+    rows = [
+        [name] + [_format_number(probe[key]) for key in (
+            "cold_token_ttft_ms", "cold_text_ttft_ms", "warm_median_token_ttft_ms",
+            "warm_median_text_ttft_ms", "warm_median_e2e_ms")]
+        + [", ".join(str(r["first_output_id"]) for r in probe["requests"])]
+        for name, probe in ((name, config.get("ttft_probe")) for name, config in _configs_in_order(document))
+        if probe
+    ]
     if not rows:
         return ["No TTFT probe was run."]
-    header = [
-        "config", "cold token TTFT", "cold text TTFT", "warm token TTFT (median)",
-        "warm text TTFT (median)", "warm E2E (median)", "first output ids",
-    ]
-    return _markdown_table(header, rows)
-
-
-def _policy_text(policy: dict) -> str:
-    return ", ".join(f"{key} {value}" for key, value in policy.items()) or "-"
+    return _markdown_table(["config", "cold token TTFT", "cold text TTFT", "warm token TTFT (median)",
+                            "warm text TTFT (median)", "warm E2E (median)", "first output ids"], rows)
 
 
 def server_table(document: dict) -> list[str]:
-    rows = [
-        [
-            name,
-            config["status"],
-            _format_number(config.get("startup_s"), 0),
-            str(config.get("max_running_requests", "-")),
-            _policy_text(config.get("dynamic_policy") or {}),
-            str(config.get("server_version", "-")),
-        ]
-        for name, config in ((n, document["configs"][n]) for n in ordered_configs(set(document["configs"])))
-    ]
-    header = ["config", "status", "startup (s)", "effective max running requests",
-              "EAGLE3_DYNAMIC policy (from /server_info)", "sglang"]
-    return _markdown_table(header, rows)
+    rows = [[name, config["status"], _format_number(config.get("startup_s"), 0),
+             str(config.get("max_running_requests", "-")),
+             ", ".join(f"{key} {value}" for key, value in (config.get("dynamic_policy") or {}).items()) or "-",
+             str(config.get("server_version", "-"))]
+            for name, config in _configs_in_order(document)]
+    return _markdown_table(["config", "status", "startup (s)", "effective max running requests",
+                            "EAGLE3_DYNAMIC policy (from /server_info)", "sglang"], rows)
+
+
+def _first_line(text: str | None) -> str:
+    return text.splitlines()[0] if text else ""
 
 
 def problem_lines(document: dict) -> list[str]:
-    lines = [
-        f"- server `{name}`: {config['status']}: {(config.get('error') or '').splitlines()[0] if config.get('error') else ''}"
-        for name, config in document["configs"].items() if config["status"] != RUN_OK
-    ]
-    lines += [
-        f"- run `{run['config']}` c={run['concurrency']}: {run['status']}: {(run.get('error') or '').splitlines()[0] if run.get('error') else ''}"
-        for run in document["runs"] if run["status"] != RUN_OK
-    ]
+    lines = [f"- server `{name}`: {config['status']}: {_first_line(config.get('error'))}"
+             for name, config in document["configs"].items() if config["status"] != RUN_OK]
+    lines += [f"- run `{run['config']}` c={run['concurrency']}: {run['status']}: {_first_line(run.get('error'))}"
+              for run in document["runs"] if run["status"] != RUN_OK]
     return lines or ["None."]
 
 
@@ -288,38 +262,10 @@ def source_lines(document: dict) -> list[str]:
 
 def command_lines(document: dict) -> list[str]:
     lines = []
-    for name in ordered_configs(set(document["configs"])):
-        config = document["configs"][name]
+    for name, config in _configs_in_order(document):
         env = " ".join(f"{k}={v}" for k, v in sorted((config.get("server_env") or {}).items()))
-        command = " ".join(config.get("server_command") or [])
-        lines.append(f"- `{name}`: `{(env + ' ') if env else ''}{command}`")
+        lines.append(f"- `{name}`: `{(env + ' ') if env else ''}{' '.join(config.get('server_command') or [])}`")
     return lines
-
-
-def ratio_to_baselines(values: dict[str, float], config: str) -> float | None:
-    """values[config] over the better of plain decoding and EAGLE3; None without both."""
-    if config not in values or PLAIN not in values or EAGLE3 not in values:
-        return None
-    best = max(values[PLAIN], values[EAGLE3])
-    return values[config] / best if best > 0 else None
-
-
-def baseline_ratio_table(document: dict) -> list[str]:
-    """EAGLE3_DYNAMIC configurations over the best of plain and EAGLE3, per concurrency, and
-    the geometric mean over the concurrencies where both baselines ran."""
-    grid = metric_grid(document, "output_throughput")
-    concurrencies = sorted(grid)
-    rows = []
-    for config in (DYNAMIC, DYNAMIC_FIXED):
-        ratios = [ratio_to_baselines(grid[c], config) for c in concurrencies]
-        present = [r for r in ratios if r is not None]
-        if not present:
-            continue
-        geomean = math.exp(sum(math.log(r) for r in present) / len(present))
-        rows.append([config] + [_format_number(r, 3) for r in ratios] + [f"{geomean:.3f}"])
-    if not rows:
-        return ["No EAGLE3_DYNAMIC run with both plain and EAGLE3 runs beside it."]
-    return _markdown_table(["config"] + [str(c) for c in concurrencies] + ["geometric mean"], rows)
 
 
 def render_markdown(document: dict) -> str:
