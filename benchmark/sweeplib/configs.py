@@ -71,57 +71,30 @@ class ServerSetup:
     python: str = sys.executable
 
 
-def base_server_command(setup: ServerSetup) -> list[str]:
-    command = [
-        setup.python, "-m", "sglang.launch_server",
-        "--model-path", setup.model_path,
-        "--host", setup.host,
-        "--port", str(setup.port),
-    ]
-    if setup.load_format:
-        command += ["--load-format", setup.load_format]
-    return command + list(setup.common_args)
-
-
-def _draft_args(setup: ServerSetup, algorithm: str) -> list[str]:
+def server_command(config: str, setup: ServerSetup) -> list[str]:
+    """The base command (the same for every configuration), then the flags that distinguish
+    `config` from plain decoding."""
+    command = [setup.python, "-m", "sglang.launch_server", "--model-path", setup.model_path,
+               "--host", setup.host, "--port", str(setup.port)]
+    command += ["--load-format", setup.load_format] if setup.load_format else []
+    command += list(setup.common_args)
+    if config not in CONFIG_NAMES:
+        raise ValueError(f"unknown configuration {config!r}; known: {', '.join(CONFIG_NAMES)}")
+    if config == PLAIN:
+        return command
+    algorithm = "EAGLE3_DYNAMIC" if config in (DYNAMIC, DYNAMIC_FIXED) else "EAGLE3"
     if not setup.draft_model_path:
         raise ValueError(f"--speculative-algorithm {algorithm} needs a draft model path")
+    command += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", setup.draft_model_path]
+    command += ["--speculative-draft-load-format", setup.load_format] if setup.load_format else []
     shape = setup.spec_shape
-    args = [
-        "--speculative-algorithm", algorithm,
-        "--speculative-draft-model-path", setup.draft_model_path,
-    ]
-    if setup.load_format:
-        args += ["--speculative-draft-load-format", setup.load_format]
-    return args + [
-        "--speculative-num-steps", str(shape.num_steps),
-        "--speculative-eagle-topk", str(shape.eagle_topk),
-        "--speculative-num-draft-tokens", str(shape.num_draft_tokens),
-    ]
-
-
-def speculative_args(config: str, setup: ServerSetup) -> list[str]:
-    """The flags that distinguish `config` from plain decoding."""
-    if config == PLAIN:
-        return []
-    if config == EAGLE3:
-        return _draft_args(setup, "EAGLE3")
+    command += ["--speculative-num-steps", str(shape.num_steps), "--speculative-eagle-topk",
+                str(shape.eagle_topk), "--speculative-num-draft-tokens", str(shape.num_draft_tokens)]
     if config == ADAPTIVE:
         if not setup.adaptive_config_path:
             raise ValueError("the adaptive configuration needs an adaptive config file")
-        return _draft_args(setup, "EAGLE3") + [
-            "--speculative-adaptive",
-            "--speculative-adaptive-config", setup.adaptive_config_path,
-        ]
-    if config == DYNAMIC:
-        return _draft_args(setup, "EAGLE3_DYNAMIC") + list(setup.dynamic_args)
-    if config == DYNAMIC_FIXED:
-        return _draft_args(setup, "EAGLE3_DYNAMIC") + list(FIXED_THRESHOLD_ARGS)
-    raise ValueError(f"unknown configuration {config!r}; known: {', '.join(CONFIG_NAMES)}")
-
-
-def server_command(config: str, setup: ServerSetup) -> list[str]:
-    return base_server_command(setup) + speculative_args(config, setup)
+        command += ["--speculative-adaptive", "--speculative-adaptive-config", setup.adaptive_config_path]
+    return command + list({DYNAMIC: setup.dynamic_args, DYNAMIC_FIXED: FIXED_THRESHOLD_ARGS}.get(config, ()))
 
 
 def write_adaptive_config(path: Path) -> None:
@@ -129,13 +102,10 @@ def write_adaptive_config(path: Path) -> None:
 
 
 def parse_config_list(text: str) -> list[str]:
-    """Parse 'plain,eagle3' into a list of known configuration names, in the given order."""
+    """'plain,eagle3' as a list of known configuration names, in the given order."""
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in CONFIG_NAMES]
-    if unknown or not names:
-        raise ValueError(
-            f"bad configuration list {text!r}; choose from {', '.join(CONFIG_NAMES)}"
-        )
+    if not names or any(name not in CONFIG_NAMES for name in names):
+        raise ValueError(f"bad configuration list {text!r}; choose from {', '.join(CONFIG_NAMES)}")
     if len(set(names)) != len(names):
         raise ValueError(f"configuration listed twice in {text!r}")
     return names
@@ -144,9 +114,8 @@ def parse_config_list(text: str) -> list[str]:
 def parse_env_assignments(assignments: list[str]) -> dict[str, str]:
     """The servers' environment from repeated --server-env NAME=VALUE."""
     env = {}
-    for assignment in assignments:
-        name, sep, value = assignment.partition("=")
+    for name, sep, value in (assignment.partition("=") for assignment in assignments):
         if not sep or not name:
-            raise ValueError(f"--server-env expects NAME=VALUE, got {assignment!r}")
+            raise ValueError(f"--server-env expects NAME=VALUE, got {name + sep + value!r}")
         env[name] = value
     return env

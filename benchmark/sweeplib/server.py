@@ -1,4 +1,5 @@
-"""Start, health-check, query and stop one sglang server."""
+"""Start, health-check, query and stop one sglang server (the sweep's, the profiler's and the
+GPU tests' lifecycle)."""
 
 from __future__ import annotations
 
@@ -50,70 +51,45 @@ def log_tail(path: Path, lines: int) -> str:
         return ""
     with path.open(errors="replace") as log:
         last = deque(log, maxlen=lines)
-    return "".join(
-        line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + " [...]\n"
-        for line in last
-    )
+    return "".join(line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + " [...]\n"
+                   for line in last)
 
 
-def start_server(
-    config: str, command: list[str], env: dict[str, str], log_path: Path, base_url: str
-) -> RunningServer:
-    """Launch the server in its own process group so that stopping it also ends its workers."""
+def start_server(config: str, command: list[str], env: dict[str, str], log_path: Path,
+                 base_url: str) -> RunningServer:
+    """Launch the server in its own process group, so that stopping it also ends its workers."""
     with log_path.open("w") as log:
-        process = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-            start_new_session=True,
-        )
-    return RunningServer(config=config, process=process, log_path=log_path, base_url=base_url)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **env}, start_new_session=True)
+    return RunningServer(config, process, log_path, base_url)
 
 
 def http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
+    """(status, body); status 0 where nothing answered."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, b""
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+    except OSError:  # URLError, connection errors and timeouts
         return 0, b""
 
 
 def wait_until_healthy(server: RunningServer, timeout_s: float, tail_lines: int) -> float:
-    """Poll /health until it answers 200; return the seconds waited.
-
-    /health answers 503 until sglang's own warmup request has finished.
-    Raises ServerError with the log tail if the server exits or the timeout passes.
-    """
+    """Poll /health (503 until sglang's own warmup request is done) until it answers 200; return
+    the seconds waited. Raises ServerError with the log tail if the server exits or times out."""
     started = time.monotonic()
     while True:
         waited = time.monotonic() - started
         exit_code = server.process.poll()
-        if exit_code is not None:
-            raise ServerError(
-                f"[{server.config}] server exited with code {exit_code} after {waited:.0f} s; "
-                f"last log lines:\n{log_tail(server.log_path, tail_lines)}"
-            )
-        if http_get(server.base_url + "/health", timeout_s=5.0)[0] == 200:
+        if exit_code is None and http_get(server.base_url + "/health", timeout_s=5.0)[0] == 200:
             return waited
-        if waited > timeout_s:
-            raise ServerError(
-                f"[{server.config}] server not healthy after {timeout_s:.0f} s; "
-                f"last log lines:\n{log_tail(server.log_path, tail_lines)}"
-            )
+        if exit_code is not None or waited > timeout_s:
+            problem = (f"exited with code {exit_code} after {waited:.0f} s" if exit_code is not None
+                       else f"not healthy after {timeout_s:.0f} s")
+            raise ServerError(f"[{server.config}] server {problem}; last log lines:\n"
+                              f"{log_tail(server.log_path, tail_lines)}")
         time.sleep(HEALTH_POLL_S)
-
-
-def _process_group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def stop_server(server: RunningServer) -> None:
@@ -121,7 +97,8 @@ def stop_server(server: RunningServer) -> None:
 
     No SIGTERM first: sglang 0.5.17 answers one sent to the group with a crash path (its
     children die first, the launcher takes that for a failure and sleeps 5 s before crash
-    diagnostics), about 7 s per server, and a benchmark or test server has nothing to save."""
+    diagnostics), about 7 s per server, and a benchmark or test server has nothing to save.
+    A process group, not sglang's kill_process_tree: it also reaches workers whose parent died."""
     pgid = server.process.pid  # start_new_session made the server its group leader
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -130,8 +107,12 @@ def stop_server(server: RunningServer) -> None:
     deadline = time.monotonic() + STOP_WAIT_S
     while time.monotonic() < deadline:
         server.process.poll()
-        if not _process_group_alive(pgid):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
             return
+        except PermissionError:
+            pass
         time.sleep(0.2)
     logger.warning("[%s] server process group %d still alive %.0f s after SIGKILL",
                    server.config, pgid, STOP_WAIT_S)
@@ -142,27 +123,21 @@ def server_is_running(server: RunningServer) -> bool:
 
 
 def fetch_server_info(base_url: str, timeout_s: float = 30.0) -> dict | None:
-    """GET /server_info (the same handler as the deprecated /get_server_info); None on failure."""
+    """GET /server_info (the handler behind the deprecated /get_server_info); None on failure."""
     status, body = http_get(base_url + "/server_info", timeout_s=timeout_s)
-    if status != 200:
-        return None
     try:
-        info = json.loads(body)
+        info = json.loads(body) if status == 200 else None
     except json.JSONDecodeError:
         return None
     return info if isinstance(info, dict) else None
 
 
 def effective_max_running_requests(server_info: dict | None) -> int | None:
-    """The scheduler's real request cap, else the resolved server argument.
-
-    sglang reports the scheduler's value as internal_states[i].effective_max_running_requests_per_dp;
-    EAGLE-family servers lower it to 48 unless --max-running-requests is given.
-    """
-    if not server_info:
-        return None
-    for state in server_info.get("internal_states") or []:
+    """The scheduler's request cap (internal_states[i].effective_max_running_requests_per_dp;
+    EAGLE-family servers lower it to 48 unless --max-running-requests is given), else the
+    resolved server argument."""
+    for state in (server_info or {}).get("internal_states") or []:
         if isinstance(state, dict) and state.get("effective_max_running_requests_per_dp") is not None:
             return int(state["effective_max_running_requests_per_dp"])
-    value = server_info.get("max_running_requests")
+    value = (server_info or {}).get("max_running_requests")
     return int(value) if value is not None else None
