@@ -161,7 +161,7 @@ def test_merging_two_partial_result_files(tmp_path):
     merged = results.merge_results([results.load_results(p) for p in paths])
     assert set(merged["configs"]) == {"plain", "eagle3", "adaptive", "dynamic"}
     assert [s["created"] for s in merged["sources"]] == [first["sources"][0]["created"], second["sources"][0]["created"]]
-    keys = [results.run_key(r) for r in merged["runs"]]
+    keys = [(r["config"], r["concurrency"]) for r in merged["runs"]]
     assert len(keys) == len(set(keys)) == 4
     eagle3 = next(r for r in merged["runs"] if r["config"] == "eagle3")
     assert eagle3["metrics"]["output_throughput"] == 380.0

@@ -34,14 +34,11 @@ def gpu_name() -> str | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        output = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=True,
-        ).stdout
+        output = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30, check=True).stdout
     except (subprocess.SubprocessError, OSError):
         return None
-    names = [line.strip() for line in output.splitlines() if line.strip()]
-    return names[0] if names else None
+    return next((line.strip() for line in output.splitlines() if line.strip()), None)
 
 
 def installed_sglang_version() -> str | None:
@@ -94,29 +91,23 @@ def load_results(path: Path) -> dict:
     return document
 
 
-def run_key(run: dict) -> tuple[str, int]:
-    return run["config"], int(run["concurrency"])
-
-
 def merge_results(documents: list[dict]) -> dict:
     """Union of several result documents. A later document wins a repeated (configuration,
     concurrency) pair, with a warning, unless its run failed where an earlier one succeeded.
     Each configuration's server record comes from the last document whose runs were kept."""
-    merged = {"schema_version": SCHEMA_VERSION, "sources": [], "configs": {}, "runs": []}
     kept: dict[tuple[str, int], tuple[int, dict]] = {}
     for index, document in enumerate(documents):
-        merged["sources"] += document["sources"]
         for run in document["runs"]:
-            key = run_key(run)
+            key = run["config"], int(run["concurrency"])
+            if key in kept and kept[key][1]["status"] == RUN_OK and run["status"] != RUN_OK:
+                logger.warning("run %s c=%d failed in a later input; keeping the earlier result", *key)
+                continue
             if key in kept:
-                earlier = kept[key][1]
-                if earlier["status"] == RUN_OK and run["status"] != RUN_OK:
-                    logger.warning("run %s c=%d failed in a later input; keeping the earlier result", *key)
-                    continue
                 logger.warning("run %s c=%d appears in several inputs; keeping the last", *key)
             kept[key] = (index, run)
-    merged["runs"] = [run for _, run in kept.values()]
-    for name in {name for document in documents for name in document["configs"]}:
+    merged = {"schema_version": SCHEMA_VERSION, "sources": [s for d in documents for s in d["sources"]],
+              "configs": {}, "runs": [run for _, run in kept.values()]}
+    for name in dict.fromkeys(name for document in documents for name in document["configs"]):
         having = [i for i, document in enumerate(documents) if name in document["configs"]]
         with_kept_runs = [i for (config, _), (i, _) in kept.items() if config == name and i in having]
         merged["configs"][name] = documents[max(with_kept_runs, default=having[-1])]["configs"][name]
