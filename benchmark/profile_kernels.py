@@ -43,30 +43,21 @@ LOG_TAIL_LINES = 60
 class RequestLoad:
     """``concurrency`` threads that each send one greedy request after another until stopped."""
 
-    def __init__(self, base_url: str, concurrency: int, input_len: int, output_len: int,
-                 seed: int) -> None:
-        self._url = base_url + "/generate"
-        self._input_len = input_len
-        self._output_len = output_len
+    def __init__(self, base_url: str, concurrency: int, input_len: int, output_len: int, seed: int) -> None:
+        self._url, self._input_len, self._output_len = base_url + "/generate", input_len, output_len
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, args=(seed + i,), daemon=True)
                          for i in range(concurrency)]
-        self.completed = 0
-        self.failed = 0
+        self.completed = self.failed = 0
 
     def _loop(self, seed: int) -> None:
         rng = random.Random(seed)
         while not self._stop.is_set():
-            payload = {
-                "input_ids": [rng.randrange(3, 8000) for _ in range(self._input_len)],
-                "sampling_params": {"temperature": 0.0, "max_new_tokens": self._output_len,
-                                    "ignore_eos": True},
-            }
-            request = urllib.request.Request(self._url, data=json.dumps(payload).encode(),
-                                             headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-                    response.read()
+                post_json(self._url, {
+                    "input_ids": [rng.randrange(3, 8000) for _ in range(self._input_len)],
+                    "sampling_params": {"temperature": 0.0, "max_new_tokens": self._output_len, "ignore_eos": True},
+                }, REQUEST_TIMEOUT_S)
                 self.completed += 1
             except OSError:
                 self.failed += 1
@@ -84,19 +75,21 @@ class RequestLoad:
             thread.join(timeout=REQUEST_TIMEOUT_S)
 
 
+def post_json(url: str, body: dict, timeout_s: float) -> None:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        response.read()
+
+
 def start_profile(base_url: str, trace_dir: Path, profile_id: str, first_iter: int,
                   steps: int) -> Path:
     """Ask for a GPU trace of forward steps ``first_iter`` .. ``first_iter + steps - 1`` (sglang
     answers at once and traces when the scheduler reaches them); the path it will be written to."""
     trace = trace_dir / f"{profile_id}-TP-0.trace.json.gz"
     trace.unlink(missing_ok=True)  # a trace of an earlier run must not pass for this one
-    body = {"output_dir": str(trace_dir), "start_step": first_iter, "num_steps": steps,
-            "activities": ["GPU"], "profile_id": profile_id, "with_stack": False,
-            "record_shapes": False}
-    request = urllib.request.Request(base_url + "/start_profile", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        response.read()
+    post_json(base_url + "/start_profile", {
+        "output_dir": str(trace_dir), "start_step": first_iter, "num_steps": steps, "activities": ["GPU"],
+        "profile_id": profile_id, "with_stack": False, "record_shapes": False}, 60)
     return trace
 
 
@@ -139,25 +132,20 @@ def profile_config(config: str, setup: configs.ServerSetup, env: dict[str, str],
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-path", required=True)
-    parser.add_argument("--draft-model-path")
-    parser.add_argument("--load-format")
-    parser.add_argument("--configs", default="plain,dynamic")
-    parser.add_argument("--common-args", default=configs.DEFAULT_COMMON_ARGS)
-    parser.add_argument("--dynamic-args", default="")
-    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--input-len", type=int, default=1024)
-    parser.add_argument("--output-len", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--warmup-s", type=float, default=20.0,
-                        help="seconds of load before the profiled window (compiles, graphs)")
-    parser.add_argument("--profile-steps", type=int, default=40,
-                        help="scheduler forward steps in the profiled window")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--server-timeout-s", type=float, default=600.0)
-    parser.add_argument("--out", required=True)
+    for flag, kwargs in (
+        ("--model-path", dict(required=True)), ("--draft-model-path", {}), ("--load-format", {}),
+        ("--configs", dict(default="plain,dynamic")), ("--common-args", dict(default=configs.DEFAULT_COMMON_ARGS)),
+        ("--dynamic-args", dict(default="")),
+        ("--server-env", dict(action="append", default=[], metavar="NAME=VALUE")),
+        ("--input-len", dict(type=int, default=1024)), ("--output-len", dict(type=int, default=2)),
+        ("--concurrency", dict(type=int, default=64)),
+        ("--warmup-s", dict(type=float, default=20.0, help="seconds of load before the profiled window")),
+        ("--profile-steps", dict(type=int, default=40, help="scheduler forward steps in the profiled window")),
+        ("--seed", dict(type=int, default=0)), ("--host", dict(default="127.0.0.1")),
+        ("--port", dict(type=int, default=30000)), ("--server-timeout-s", dict(type=float, default=600.0)),
+        ("--out", dict(required=True)),
+    ):
+        parser.add_argument(flag, **kwargs)
     return parser
 
 
@@ -166,13 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    setup = configs.ServerSetup(
-        model_path=args.model_path, draft_model_path=args.draft_model_path,
-        load_format=args.load_format, host=args.host, port=args.port,
-        common_args=tuple(shlex.split(args.common_args)),
-        dynamic_args=tuple(shlex.split(args.dynamic_args)), adaptive_config_path=None,
-        spec_shape=configs.SpeculativeShape(),
-    )
+    setup = configs.ServerSetup(args.model_path, args.draft_model_path, args.load_format, args.host, args.port,
+                                tuple(shlex.split(args.common_args)), tuple(shlex.split(args.dynamic_args)),
+                                None, configs.SpeculativeShape())
     env = configs.parse_env_assignments(args.server_env)
     summaries = {config: profile_config(config, setup, env, args, out_dir)
                  for config in configs.parse_config_list(args.configs)}

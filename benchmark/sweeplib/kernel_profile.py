@@ -54,16 +54,10 @@ def gpu_intervals(events: Iterable[dict]) -> List[Tuple[str, float, float]]:
 
 
 def union_length(intervals: Sequence[Tuple[float, float]]) -> float:
-    total, current_start, current_end = 0.0, None, None
+    total, covered_until = 0.0, float("-inf")
     for start, end in sorted(intervals):
-        if current_end is None or start > current_end:
-            if current_end is not None:
-                total += current_end - current_start
-            current_start, current_end = start, end
-        else:
-            current_end = max(current_end, end)
-    if current_end is not None:
-        total += current_end - current_start
+        total += max(0.0, end - max(start, covered_until))
+        covered_until = max(covered_until, end)
     return total
 
 
