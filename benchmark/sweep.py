@@ -34,20 +34,9 @@ ADAPTIVE_CONFIG_FILE = "adaptive_config.json"
 SERVER_LOGS_FILE = "server_logs_tail.txt"
 ERROR_TAIL_LINES = 30
 
-FULL_DEFAULTS = {
-    "concurrencies": "1,4,16,32,64,128",
-    "output_len": 256,
-    "waves": 2,
-    "min_prompts": 4,
-    "probe_requests": 0,
-}
-QUICK_DEFAULTS = {
-    "concurrencies": "1,64",
-    "output_len": 64,
-    "waves": 1,
-    "min_prompts": 4,
-    "probe_requests": 2,
-}
+FULL_DEFAULTS = {"concurrencies": "1,4,16,32,64,128", "output_len": 256, "waves": 2, "min_prompts": 4,
+                 "probe_requests": 0}
+QUICK_DEFAULTS = {"concurrencies": "1,64", "output_len": 64, "waves": 1, "min_prompts": 4, "probe_requests": 2}
 
 
 def remaining_s(deadline: float) -> float:
@@ -87,11 +76,8 @@ def warmup_output_len(given: int | None, output_len: int) -> int:
 
 
 def run_record(config: str, concurrency: int, num_prompts: int, status: str, error: str | None = None) -> dict:
-    return {
-        "config": config, "concurrency": concurrency, "num_prompts": num_prompts,
-        "status": status, "error": error, "wall_s": None,
-        "metrics": {}, "ttft_diagnostics": {}, "mode_counters": None,
-    }
+    return {"config": config, "concurrency": concurrency, "num_prompts": num_prompts, "status": status,
+            "error": error, "wall_s": None, "metrics": {}, "ttft_diagnostics": {}, "mode_counters": None}
 
 
 def record_from_result_line(config: str, num_prompts: int, line: dict, counters_before: dict | None,
@@ -118,11 +104,8 @@ def warm_up_group(plan: SweepPlan, scratch: Path, config: str) -> bench.RunGroup
     """One unrecorded wave at every concurrency, so that every configuration is measured
     after its lazily compiled kernels (Triton, sglang's JIT ops) exist, whatever ran before it
     on the machine. Its output length is ``plan.warmup_output_len`` tokens."""
-    return bench.RunGroup(
-        settings=dataclasses.replace(plan.bench_settings, output_len=plan.warmup_output_len),
-        runs=tuple((c, c) for c in plan.concurrencies),
-        output_file=str(scratch / f"warmup_{config}.jsonl"),
-    )
+    return bench.RunGroup(dataclasses.replace(plan.bench_settings, output_len=plan.warmup_output_len),
+                          tuple((c, c) for c in plan.concurrencies), str(scratch / f"warmup_{config}.jsonl"))
 
 
 def bench_all_concurrencies(plan: SweepPlan, running: server.RunningServer, document: dict,
@@ -176,10 +159,9 @@ def bench_all_concurrencies(plan: SweepPlan, running: server.RunningServer, docu
                   (Path(bench_driver.after_warmup_file(measured.output_file)), on_after_warmup),
                   (Path(measured.output_file), on_result)],
         driver_log, timeout_s, server_alive=lambda: server.server_is_running(running))
-    reason = {
-        bench.TIMEOUT_EXIT_CODE: "time budget or --bench-timeout-s reached",
-        bench.SERVER_DIED_EXIT_CODE: "server died",
-    }.get(exit_code, f"no result line (bench driver exit code {exit_code})")
+    reason = {bench.TIMEOUT_EXIT_CODE: "time budget or --bench-timeout-s reached",
+              bench.SERVER_DIED_EXIT_CODE: "server died"}.get(
+        exit_code, f"no result line (bench driver exit code {exit_code})")
     output_tail = server.log_tail(driver_log, ERROR_TAIL_LINES)
     for concurrency in sorted(set(prompts) - done):
         run = run_record(config, concurrency, prompts[concurrency], "failed",
@@ -208,12 +190,9 @@ def progress_line(record: dict) -> str:
 
 
 def config_record(plan: SweepPlan, command: list[str]) -> dict:
-    return {
-        "status": "skipped", "error": None,
-        "server_command": [results.shown_paths(part) for part in command],
-        "server_env": plan.server_env, "startup_s": None, "max_running_requests": None,
-        "server_version": None, "dynamic_policy": {}, "ttft_probe": None,
-    }
+    return {"status": "skipped", "error": None, "server_command": [results.shown_paths(part) for part in command],
+            "server_env": plan.server_env, "startup_s": None, "max_running_requests": None,
+            "server_version": None, "dynamic_policy": {}, "ttft_probe": None}
 
 
 def sweep_config(plan: SweepPlan, config: str, document: dict, out_dir: Path,

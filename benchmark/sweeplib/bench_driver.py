@@ -3,16 +3,13 @@
 
     python bench_driver.py 1:8 4:12 -- <bench_serving flags> [--next-group 1:8 -- <flags> ...]
 
-Importing bench_serving (torch, transformers, sglang.srt) took about 25 s on the GPU machine,
-so the sweep pays it once per configuration, not once per run. Each pair is a complete
-`run_benchmark` call with the namespace bench_serving's own command line would give it (its
-parser, the group's flags plus --max-concurrency and --num-prompts), with one change: the
-`--flush-cache` request after bench_serving's warmup asks the server to wait until it is idle
-(`/flush_cache?timeout=`), since sglang refuses a flush (HTTP 400, failing the run) while a
-finished request is still in the overlap scheduler's last batch (read from
-Scheduler.is_fully_idle in sglang 0.5.17, not observed). After that flush the driver appends
-`{"max_concurrency": C, "server_info": ...}` to `<output file>.after_warmup.jsonl`, so that a
-run's counters can be read from its measured requests alone.
+Importing bench_serving took about 25 s on the GPU machine: one process per configuration pays
+it once. Each pair is a complete `run_benchmark` call with the namespace bench_serving's own
+parser makes of the group's flags plus --max-concurrency and --num-prompts. Its `--flush-cache`
+request waits until the server is idle (`/flush_cache?timeout=`): sglang refuses a flush (HTTP
+400, failing the run) while a finished request is still in the overlap scheduler's last batch
+(Scheduler.is_fully_idle in sglang 0.5.17; read, not observed). After that flush the driver
+appends `{"max_concurrency": C, "server_info": ...}` to `<output file>.after_warmup.jsonl`.
 """
 
 from __future__ import annotations

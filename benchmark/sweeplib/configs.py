@@ -1,8 +1,5 @@
-"""Server command lines of the compared configurations.
-
-Every configuration starts from the same base command (model, host, port, load format and the
-user's common arguments); only the speculative flags appended to it differ.
-"""
+"""Server command lines of the compared configurations: one base command for all, only the
+speculative flags appended to it differ."""
 
 from __future__ import annotations
 
@@ -20,11 +17,8 @@ CONFIG_NAMES: tuple[str, ...] = (PLAIN, EAGLE3, ADAPTIVE, DYNAMIC, DYNAMIC_FIXED
 
 # EAGLE3_DYNAMIC with the fixed thresholds it shipped with before automatic switching, next to
 # the default (automatic) configuration.
-FIXED_THRESHOLD_ARGS = (
-    "--speculative-disable-batch-threshold", "24",
-    "--speculative-enable-batch-threshold", "16",
-    "--speculative-switch-patience", "4",
-)
+FIXED_THRESHOLD_ARGS = ("--speculative-disable-batch-threshold", "24", "--speculative-enable-batch-threshold", "16",
+                        "--speculative-switch-patience", "4")
 
 # The GPU machine's recipe (shared/gpu/README.md): FA3 is not in the runtime kit, flashinfer
 # attention would JIT-compile on every fresh machine, and prefill CUDA-graph capture costs ~60 s

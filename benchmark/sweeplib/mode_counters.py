@@ -9,34 +9,19 @@ server (thresholds, graph sizes), which are kept as they are.
 from __future__ import annotations
 
 COUNTERS_KEY = "dynamic_eagle"
-COUNTER_FIELDS: tuple[str, ...] = (
-    "speculative_steps",
-    "plain_steps",
-    "switches_to_plain",
-    "switches_to_speculative",
-    "catchup_tokens",
-)
+COUNTER_FIELDS = ("speculative_steps", "plain_steps", "switches_to_plain", "switches_to_speculative",
+                  "catchup_tokens")
 # Counters that newer plugin versions add; their deltas are reported when both snapshots have them.
-OPTIONAL_COUNTER_FIELDS: tuple[str, ...] = (
-    "plain_graph_steps",
-    "catchup_forwards",
-    "catchup_truncated_tokens",
-    "catchup_gpu_ms",
-    "speculative_verified_requests",
-    "speculative_accepted_tokens",
-    "prefill_batches",
-    "prefill_tokens",
-    "prefill_target_gpu_ms",
-    "prefill_draft_gpu_ms",
-    "mismatched_results",
+OPTIONAL_COUNTER_FIELDS = (
+    "plain_graph_steps", "catchup_forwards", "catchup_truncated_tokens", "catchup_gpu_ms",
+    "speculative_verified_requests", "speculative_accepted_tokens", "prefill_batches", "prefill_tokens",
+    "prefill_target_gpu_ms", "prefill_draft_gpu_ms", "mismatched_results",
 )
 MEAN_ACCEPT_FIELD = "mean_accept_length"
 RUN_ACCEPT_FIELD = "speculative_accept_length"
 RUN_SPECULATIVE_BATCH_FIELD = "mean_speculative_batch"
-POLICY_FIELDS: tuple[str, ...] = (
-    "policy", "disable_batch_threshold", "enable_batch_threshold", "switch_patience",
-    "crossover_batch", "acceptance_estimate",
-)
+POLICY_FIELDS = ("policy", "disable_batch_threshold", "enable_batch_threshold", "switch_patience",
+                 "crossover_batch", "acceptance_estimate")
 # Where a run's "before" snapshot comes from (``before_source`` of its mode_counters record).
 BEFORE_AFTER_WARMUP = "after bench_serving's warm-up request"
 BEFORE_PREVIOUS_RUN = "after the previous run (bench_serving's warm-up request included)"
@@ -46,12 +31,8 @@ def find_mode_counters(server_info: dict | None) -> dict | None:
     """A copy of the plugin's dict (all five required counters present), or None when absent."""
     if not server_info:
         return None
-    candidates = [server_info.get(COUNTERS_KEY)]
-    candidates += [
-        state.get(COUNTERS_KEY)
-        for state in server_info.get("internal_states") or []
-        if isinstance(state, dict)
-    ]
+    candidates = [server_info.get(COUNTERS_KEY)] + [
+        state.get(COUNTERS_KEY) for state in server_info.get("internal_states") or [] if isinstance(state, dict)]
     for counters in candidates:
         if isinstance(counters, dict) and all(field in counters for field in COUNTER_FIELDS):
             return dict(counters)
