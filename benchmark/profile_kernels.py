@@ -132,18 +132,14 @@ def profile_config(config: str, setup: configs.ServerSetup, env: dict[str, str],
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    configs.add_server_arguments(parser)
+    parser.set_defaults(configs="plain,dynamic", server_timeout_s=600.0)
     for flag, kwargs in (
-        ("--model-path", dict(required=True)), ("--draft-model-path", {}), ("--load-format", {}),
-        ("--configs", dict(default="plain,dynamic")), ("--common-args", dict(default=configs.DEFAULT_COMMON_ARGS)),
-        ("--dynamic-args", dict(default="")),
-        ("--server-env", dict(action="append", default=[], metavar="NAME=VALUE")),
         ("--input-len", dict(type=int, default=1024)), ("--output-len", dict(type=int, default=2)),
         ("--concurrency", dict(type=int, default=64)),
         ("--warmup-s", dict(type=float, default=20.0, help="seconds of load before the profiled window")),
         ("--profile-steps", dict(type=int, default=40, help="scheduler forward steps in the profiled window")),
-        ("--seed", dict(type=int, default=0)), ("--host", dict(default="127.0.0.1")),
-        ("--port", dict(type=int, default=30000)), ("--server-timeout-s", dict(type=float, default=600.0)),
-        ("--out", dict(required=True)),
+        ("--seed", dict(type=int, default=0)), ("--out", dict(required=True)),
     ):
         parser.add_argument(flag, **kwargs)
     return parser
@@ -154,9 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    setup = configs.ServerSetup(args.model_path, args.draft_model_path, args.load_format, args.host, args.port,
-                                tuple(shlex.split(args.common_args)), tuple(shlex.split(args.dynamic_args)),
-                                None, configs.SpeculativeShape())
+    setup = configs.server_setup(args)
     env = configs.parse_env_assignments(args.server_env)
     summaries = {config: profile_config(config, setup, env, args, out_dir)
                  for config in configs.parse_config_list(args.configs)}

@@ -21,7 +21,6 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from sweeplib import bench, bench_driver, configs, mode_counters, results, server, ttft_probe
@@ -37,27 +36,6 @@ ERROR_TAIL_LINES = 30
 FULL_DEFAULTS = {"concurrencies": "1,4,16,32,64,128", "output_len": 256, "waves": 2, "min_prompts": 4,
                  "probe_requests": 0}
 QUICK_DEFAULTS = {"concurrencies": "1,64", "output_len": 64, "waves": 1, "min_prompts": 4, "probe_requests": 2}
-
-
-def remaining_s(deadline: float) -> float:
-    """Seconds left until `deadline` (time.monotonic(); inf without a time budget)."""
-    return deadline - time.monotonic()
-
-
-@dataclass(frozen=True)
-class SweepPlan:
-    config_names: list[str]
-    concurrencies: list[int]
-    setup: configs.ServerSetup
-    bench_settings: bench.BenchSettings
-    server_env: dict[str, str]
-    waves: int
-    min_prompts: int
-    probe_requests: int
-    server_timeout_s: float
-    bench_timeout_s: float
-    log_tail_lines: int
-    warmup_output_len: int
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -100,7 +78,7 @@ def record_from_result_line(config: str, num_prompts: int, line: dict, counters_
     return record
 
 
-def warm_up_group(plan: SweepPlan, scratch: Path, config: str) -> bench.RunGroup:
+def warm_up_group(plan: argparse.Namespace, scratch: Path, config: str) -> bench.RunGroup:
     """One unrecorded wave at every concurrency, so that every configuration is measured
     after its lazily compiled kernels (Triton, sglang's JIT ops) exist, whatever ran before it
     on the machine. Its output length is ``plan.warmup_output_len`` tokens."""
@@ -108,7 +86,7 @@ def warm_up_group(plan: SweepPlan, scratch: Path, config: str) -> bench.RunGroup
                           tuple((c, c) for c in plan.concurrencies), str(scratch / f"warmup_{config}.jsonl"))
 
 
-def bench_all_concurrencies(plan: SweepPlan, running: server.RunningServer, document: dict,
+def bench_all_concurrencies(plan: argparse.Namespace, running: server.RunningServer, document: dict,
                             out_dir: Path, scratch: Path, deadline: float) -> None:
     """Warm up, then run bench_serving at every concurrency against the running server, in one
     bench process, recording each run as its result line appears. Concurrencies without a
@@ -116,7 +94,7 @@ def bench_all_concurrencies(plan: SweepPlan, running: server.RunningServer, docu
     config = running.config
     prompts = {c: bench.prompts_for_concurrency(c, plan.waves, plan.min_prompts) for c in plan.concurrencies}
     # The warm-up counts as one more run per concurrency.
-    timeout_s = min(plan.bench_timeout_s * 2 * len(prompts), remaining_s(deadline))
+    timeout_s = min(plan.bench_timeout_s * 2 * len(prompts), (deadline - time.monotonic()))
     if timeout_s <= 0:
         document["runs"] += [run_record(config, c, n, "skipped", "time budget spent") for c, n in prompts.items()]
         return
@@ -189,20 +167,20 @@ def progress_line(record: dict) -> str:
     return line
 
 
-def config_record(plan: SweepPlan, command: list[str]) -> dict:
+def config_record(plan: argparse.Namespace, command: list[str]) -> dict:
     return {"status": "skipped", "error": None, "server_command": [results.shown_paths(part) for part in command],
             "server_env": plan.server_env, "startup_s": None, "max_running_requests": None,
             "server_version": None, "dynamic_policy": {}, "ttft_probe": None}
 
 
-def sweep_config(plan: SweepPlan, config: str, document: dict, out_dir: Path,
+def sweep_config(plan: argparse.Namespace, config: str, document: dict, out_dir: Path,
                  scratch: Path, deadline: float) -> str:
     """Serve and benchmark one configuration unless the time budget is spent; record everything
     into `document`. Returns the trimmed server log for the log-tail file."""
     command = configs.server_command(config, plan.setup)
     record = config_record(plan, command)
     document["configs"][config] = record
-    if remaining_s(deadline) <= 0:
+    if (deadline - time.monotonic()) <= 0:
         record["error"] = "time budget spent"
         logger.warning("[%s] skipped: the time budget is spent", config)
         return ""
@@ -216,7 +194,7 @@ def sweep_config(plan: SweepPlan, config: str, document: dict, out_dir: Path,
                                   server.base_url_of(plan.setup.host, plan.setup.port))
     try:
         record["startup_s"] = server.wait_until_healthy(
-            running, min(plan.server_timeout_s, remaining_s(deadline)), ERROR_TAIL_LINES)
+            running, min(plan.server_timeout_s, (deadline - time.monotonic())), ERROR_TAIL_LINES)
         info = server.fetch_server_info(running.base_url)
         record.update(status=results.RUN_OK,
                       max_running_requests=server.effective_max_running_requests(info),
@@ -252,29 +230,28 @@ def sweep_config(plan: SweepPlan, config: str, document: dict, out_dir: Path,
     return server.log_tail(log_path, plan.log_tail_lines)
 
 
-def build_plan(args: argparse.Namespace, out_dir: Path) -> SweepPlan:
-    resolved = {key: value if getattr(args, key) is None else getattr(args, key)
-                for key, value in (QUICK_DEFAULTS if args.quick else FULL_DEFAULTS).items()}
-    config_names = configs.parse_config_list(args.configs)
-    adaptive_config_path = args.adaptive_config
-    if configs.ADAPTIVE in config_names and adaptive_config_path is None:
-        adaptive_config_path = str((out_dir / ADAPTIVE_CONFIG_FILE).resolve())
-        configs.write_adaptive_config(Path(adaptive_config_path))
-    setup = configs.ServerSetup(
-        args.model_path, args.draft_model_path, args.load_format, args.host, args.port,
-        tuple(shlex.split(args.common_args)), tuple(shlex.split(args.dynamic_args)), adaptive_config_path,
-        configs.SpeculativeShape(args.spec_steps, args.spec_topk, args.spec_draft_tokens))
-    bench_settings = bench.BenchSettings(
-        args.tokenizer or args.model_path, args.input_len, resolved["output_len"], args.seed,
+def build_plan(args: argparse.Namespace, out_dir: Path) -> argparse.Namespace:
+    """`args` with the defaults of a full or a --quick sweep filled in, plus the server setup and
+    the bench_serving settings; writes the adaptive config where `adaptive` runs without one."""
+    plan = argparse.Namespace(**vars(args))
+    for key, value in (QUICK_DEFAULTS if args.quick else FULL_DEFAULTS).items():
+        setattr(plan, key, value if getattr(args, key) is None else getattr(args, key))
+    plan.config_names = configs.parse_config_list(args.configs)
+    plan.concurrencies = parse_int_list(plan.concurrencies)
+    plan.warmup_output_len = warmup_output_len(args.warmup_output_len, plan.output_len)
+    plan.server_env = configs.parse_env_assignments(args.server_env)
+    if configs.ADAPTIVE in plan.config_names and args.adaptive_config is None:
+        plan.adaptive_config = str((out_dir / ADAPTIVE_CONFIG_FILE).resolve())
+        configs.write_adaptive_config(Path(plan.adaptive_config))
+    plan.setup = configs.server_setup(
+        args, plan.adaptive_config, configs.SpeculativeShape(args.spec_steps, args.spec_topk, args.spec_draft_tokens))
+    plan.bench_settings = bench.BenchSettings(
+        args.tokenizer or args.model_path, args.input_len, plan.output_len, args.seed,
         args.visible_special_tokens, tuple(shlex.split(args.bench_args)))
-    return SweepPlan(
-        config_names, parse_int_list(resolved["concurrencies"]), setup, bench_settings,
-        configs.parse_env_assignments(args.server_env), resolved["waves"], resolved["min_prompts"],
-        resolved["probe_requests"], args.server_timeout_s, args.bench_timeout_s, args.log_tail_lines,
-        warmup_output_len(args.warmup_output_len, resolved["output_len"]))
+    return plan
 
 
-def plan_settings(plan: SweepPlan) -> dict:
+def plan_settings(plan: argparse.Namespace) -> dict:
     settings = plan.bench_settings
     return {
         "configs": plan.config_names, "concurrencies": plan.concurrencies,
@@ -341,13 +318,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     def quick_default(key: str) -> str:
         return f"(default {FULL_DEFAULTS[key]}, --quick {QUICK_DEFAULTS[key]})"
 
-    add("--model-path", "target model (path or hub id)", required=True)
-    add("--draft-model-path", "EAGLE-3 draft model; needed by every configuration but plain")
+    configs.add_server_arguments(parser)
     add("--tokenizer", "tokenizer for bench_serving (default: --model-path)")
-    add("--load-format", "e.g. dummy; also sets --speculative-draft-load-format")
     add("--out", "output folder", required=True)
-    add("--configs", "comma-separated subset of %(default)s, run in the given order",
-        default=",".join(configs.CONFIG_NAMES))
     add("--concurrencies", "comma-separated " + quick_default("concurrencies"))
     add("--input-len", "prompt tokens (default %(default)s)", type=int, default=512)
     add("--output-len", "output tokens " + quick_default("output_len"), type=int)
@@ -357,21 +330,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add("--probe-requests", "sequential TTFT probe requests per server, 0 = none " + quick_default("probe_requests"),
         type=int)
     add("--quick", "short smoke sweep; explicit flags still win", action="store_true")
-    add("--common-args", "server flags for every configuration (default: %(default)s)",
-        default=configs.DEFAULT_COMMON_ARGS)
-    add("--dynamic-args", "extra flags for the dynamic server only", default="")
     add("--adaptive-config", "adaptive config JSON (default: one with steps <= 3, written into --out)")
     add("--spec-steps", "--speculative-num-steps (default %(default)s)", type=int, default=3)
     add("--spec-topk", "--speculative-eagle-topk (default %(default)s)", type=int, default=1)
     add("--spec-draft-tokens", "--speculative-num-draft-tokens (default %(default)s)", type=int, default=4)
-    add("--server-env", "environment variable for every server, repeatable", action="append", default=[],
-        metavar="NAME=VALUE")
     add("--visible-special-tokens", "bench requests with skip_special_tokens=False", action="store_true")
     add("--bench-args", "extra sglang.bench_serving flags for every run", default="")
     add("--seed", "bench_serving and probe seed (default %(default)s)", type=int, default=1)
-    add("--host", "(default %(default)s)", default="127.0.0.1")
-    add("--port", "(default %(default)s)", type=int, default=30000)
-    add("--server-timeout-s", "longest wait for /health (default %(default)s)", type=float, default=300.0)
     add("--bench-timeout-s", "per concurrency and run; a configuration's bench process is killed after "
         "twice this times the number of concurrencies (default %(default)s)", type=float, default=300.0)
     add("--time-budget-s", "no server is started and a bench process is killed after this many seconds; "

@@ -3,7 +3,9 @@ speculative flags appended to it differ."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,3 +115,28 @@ def parse_env_assignments(assignments: list[str]) -> dict[str, str]:
             raise ValueError(f"--server-env expects NAME=VALUE, got {name + sep + value!r}")
         env[name] = value
     return env
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The server flags of the sweep and of the kernel profiler."""
+    for flag, kwargs in (
+        ("--model-path", dict(required=True, help="target model (path or hub id)")),
+        ("--draft-model-path", dict(help="EAGLE-3 draft model; needed by every configuration but plain")),
+        ("--load-format", dict(help="e.g. dummy; also sets --speculative-draft-load-format")),
+        ("--configs", dict(default=",".join(CONFIG_NAMES), help="comma-separated, run in the given order "
+                                                                "(default %(default)s)")),
+        ("--common-args", dict(default=DEFAULT_COMMON_ARGS, help="flags for every server (default: %(default)s)")),
+        ("--dynamic-args", dict(default="", help="extra flags for the dynamic server only")),
+        ("--server-env", dict(action="append", default=[], metavar="NAME=VALUE",
+                              help="environment variable for every server, repeatable")),
+        ("--host", dict(default="127.0.0.1")), ("--port", dict(type=int, default=30000)),
+        ("--server-timeout-s", dict(type=float, default=300.0, help="longest wait for /health (default %(default)s)")),
+    ):
+        parser.add_argument(flag, **kwargs)
+
+
+def server_setup(args: argparse.Namespace, adaptive_config_path: str | None = None,
+                 spec_shape: SpeculativeShape = SpeculativeShape()) -> ServerSetup:
+    return ServerSetup(args.model_path, args.draft_model_path, args.load_format, args.host, args.port,
+                       tuple(shlex.split(args.common_args)), tuple(shlex.split(args.dynamic_args)),
+                       adaptive_config_path, spec_shape)

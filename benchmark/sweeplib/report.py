@@ -327,12 +327,9 @@ def write_metric_plot(document: dict, metric: str, ylabel: str, title: str, path
         points = sorted((c, row[config]) for c, row in grid.items() if config in row)
         axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=config)
     axes.set_xscale("log", base=2)
-    concurrencies = sorted(grid)
-    axes.set_xticks(concurrencies, [str(c) for c in concurrencies])
+    axes.set_xticks(sorted(grid), [str(c) for c in sorted(grid)])
     axes.minorticks_off()
-    axes.set_xlabel("concurrency (log scale)")
-    axes.set_ylabel(ylabel)
-    axes.set_title(title)
+    axes.set(xlabel="concurrency (log scale)", ylabel=ylabel, title=title)
     axes.grid(True, alpha=0.3)
     if configs:
         axes.legend()
@@ -341,14 +338,13 @@ def write_metric_plot(document: dict, metric: str, ylabel: str, title: str, path
     plt.close(figure)
 
 
+PLOTS = ((THROUGHPUT_PLOT_FILE, "output_throughput", "output tokens/s", "Output throughput vs concurrency"),
+         (TPOT_PLOT_FILE, "median_tpot_ms", "median TPOT (ms)", "Median time per output token vs concurrency"))
+
+
 def write_report(document: dict, out_dir: Path) -> list[Path]:
     """Write report.md, throughput.png and tpot.png into out_dir; return their paths."""
-    report_path = out_dir / REPORT_FILE
-    report_path.write_text(render_markdown(document))
-    throughput_path = out_dir / THROUGHPUT_PLOT_FILE
-    write_metric_plot(document, "output_throughput", "output tokens/s",
-                      "Output throughput vs concurrency", throughput_path)
-    tpot_path = out_dir / TPOT_PLOT_FILE
-    write_metric_plot(document, "median_tpot_ms", "median TPOT (ms)",
-                      "Median time per output token vs concurrency", tpot_path)
-    return [report_path, throughput_path, tpot_path]
+    (out_dir / REPORT_FILE).write_text(render_markdown(document))
+    for file, metric, ylabel, title in PLOTS:
+        write_metric_plot(document, metric, ylabel, title, out_dir / file)
+    return [out_dir / REPORT_FILE] + [out_dir / file for file, *_ in PLOTS]
