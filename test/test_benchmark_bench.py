@@ -16,7 +16,7 @@ from sweeplib import bench  # noqa: E402
 from benchmark_helpers import bench_result_line  # noqa: E402
 
 
-def test_parse_bench_result_reads_metrics_and_ttft_details():
+def test_result_line_metrics_and_ttft_details():
     ttfts = [0.020, 0.690, 0.700, 0.030]
     itls = [[0.005] * 255, [], [], [0.005] * 255]
     line = bench_result_line(1234.5, ttfts, itls, e2e_ms=700.0, accept_length=3.0)
