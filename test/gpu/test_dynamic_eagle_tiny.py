@@ -12,7 +12,9 @@
   SGLANG_DYNAMIC_EAGLE_EXPERIMENTAL_TREES=1, which the tiny servers set);
 * deferred draft prefill: prefills that start in plain mode, with the draft's prefill left
   to the catch-up, give exactly the plain server's tokens, and acceptance after the return to
-  speculation stays within 10% of EAGLE3's and clearly above a window of one position's;
+  speculation stays within 10% of EAGLE3's and clearly above a window of one position's, and
+  lone requests that reuse a prefix first prefilled that way under load keep their acceptance
+  within 10% of a server that ran the draft's prefill;
 * capacity: 128 concurrent requests run more than 48 at once (EAGLE's cap);
 * logprobs: requests asking for them get one per output token in either mode,
   equal to the plain server's;
@@ -47,6 +49,8 @@ MAX_ACCEPTANCE_LOSS = 0.10
 # Tokens per verify that a full catch-up must gain over a window of 1 (an independent run with
 # a shorter plain stretch measured 3.12 against 2.70).
 MIN_CATCHUP_GAIN = 0.15
+SHARED_PREFIX_LOAD = 12  # requests that prefill the shared prefix under load
+SHARED_PREFIX_LONE = 8  # lone requests that reuse it
 CAPACITY_REQUESTS = 128
 CAPACITY_OUTPUT_TOKENS = 400  # prompts are at most 100 tokens; the model has 2048 positions
 LOGPROB_WAVE = 8
@@ -200,11 +204,8 @@ def deferred_prefill_load(server, eval_set) -> Tuple[List[dict], Dict[str, float
     """The catch-up load on a server left plain first, so that its prefills are deferred:
     outputs, acceptance of the speculative steps after the plain stretch, and what the
     deferral and the catch-up did."""
-    # Eight requests that finish together above the disable threshold leave the server plain.
-    warm_up = eval_set["prompts"][-8:]
-    send(server, warm_up, [24] * len(warm_up), len(warm_up))
+    leave_plain(server, eval_set)
     warmed = server.dynamic_counters()
-    assert warmed["switches_to_plain"] > warmed["switches_to_speculative"]  # plain now
     load, lengths = catchup_load(eval_set)
     outputs = send(server, load, lengths, len(load))
     after = server.dynamic_counters()
@@ -248,6 +249,44 @@ def test_deferred_draft_prefill_is_lossless_and_keeps_acceptance(tiny_servers, e
     assert covered_stats["truncated"] == 0
     assert covered_stats["acceptance"] >= (1 - MAX_ACCEPTANCE_LOSS) * eagle3_acceptance
     assert covered_stats["acceptance"] >= window1_stats["acceptance"] + MIN_CATCHUP_GAIN
+
+
+def leave_plain(server, eval_set) -> None:
+    """Eight requests that finish together above the disable threshold leave the server plain."""
+    warm_up = eval_set["prompts"][-8:]
+    send(server, warm_up, [24] * len(warm_up), len(warm_up))
+    counters = server.dynamic_counters()
+    assert counters["switches_to_plain"] > counters["switches_to_speculative"]  # plain now
+
+
+def shared_prefix_load(server, eval_set) -> Tuple[List[dict], float]:
+    """A 200-token prefix that requests under load prefill and finish in plain mode, then lone
+    requests (speculating) that reuse it from the radix cache: their outputs and acceptance."""
+    prompts = eval_set["prompts"]
+    prefix = prompts[48]["input_ids"] + prompts[49]["input_ids"]
+    leave_plain(server, eval_set)
+    loaded = [{"input_ids": prefix + p["input_ids"][:8]} for p in prompts[:SHARED_PREFIX_LOAD]]
+    send(server, loaded, [16] * len(loaded), len(loaded))
+    lone = [{"input_ids": prefix + p["input_ids"][8:16]} for p in prompts[:SHARED_PREFIX_LONE]]
+    before = server.dynamic_counters()
+    outputs = [server.generate(p["input_ids"], 64) for p in lone]
+    return outputs, spec_acceptance(before, server.dynamic_counters())
+
+
+def test_deferred_draft_prefill_of_a_shared_prefix_keeps_acceptance(tiny_servers, eval_set):
+    """What stale prompt draft KV costs through the radix cache: a prefix first prefilled under
+    load with the draft's prefill deferred, and finished in plain mode (no catch-up rebuilt
+    it), is reused by lone speculating requests. Their outputs equal plain decoding's, and
+    their acceptance must stay within 10% of a server that ran the draft's prefill."""
+    deferred, deferred_acceptance = shared_prefix_load(tiny_servers["tiny_dynamic_deferred"],
+                                                       eval_set)
+    reference, reference_acceptance = shared_prefix_load(tiny_servers["tiny_dynamic"], eval_set)
+    differences = [i for i, (d, r) in enumerate(zip(deferred, reference))
+                   if first_difference(d["output_ids"], r["output_ids"]) is not None]
+    print(f"shared prefix: acceptance with the draft's prefill deferred "
+          f"{deferred_acceptance:.3f}, run {reference_acceptance:.3f}, differences {differences}")
+    assert not differences
+    assert deferred_acceptance >= (1 - MAX_ACCEPTANCE_LOSS) * reference_acceptance
 
 
 def test_runs_more_than_48_requests_at_once(tiny_servers, eval_set):
