@@ -29,6 +29,7 @@ from sweeplib.report import write_report
 logger = logging.getLogger("sweep")
 
 RESULTS_FILE = "results.json"
+INTERRUPTED = "interrupted (SIGTERM: an outer timeout)"
 ADAPTIVE_CONFIG_FILE = "adaptive_config.json"
 SERVER_LOGS_FILE = "server_logs_tail.txt"
 ERROR_TAIL_LINES = 30
@@ -174,20 +175,24 @@ def config_record(plan: argparse.Namespace, command: list[str]) -> dict:
 
 
 def sweep_config(plan: argparse.Namespace, config: str, document: dict, out_dir: Path,
-                 scratch: Path, deadline: float) -> str:
-    """Serve and benchmark one configuration unless the time budget is spent; record everything
-    into `document`. Returns the trimmed server log for the log-tail file."""
+                 scratch: Path, deadline: float, tails: dict[str, str]) -> None:
+    """Serve and benchmark one configuration unless the time budget has less than
+    ``--min-config-window-s`` left; record everything into `document`, and the trimmed server
+    log into `tails`. Interrupted (SIGTERM), it records the configuration and its missing runs
+    as failed and stops its server before unwinding."""
     command = configs.server_command(config, plan.setup)
     record = config_record(plan, command)
     document["configs"][config] = record
-    if (deadline - time.monotonic()) <= 0:
-        record["error"] = "time budget spent"
-        logger.warning("[%s] skipped: the time budget is spent", config)
-        return ""
+    left_s = deadline - time.monotonic()
+    if left_s <= 0 or left_s < plan.min_config_window_s:
+        record["error"] = ("time budget spent" if left_s <= 0 else
+                           f"time budget: {left_s:.0f} s left, below --min-config-window-s")
+        logger.warning("[%s] skipped: %s", config, record["error"])
+        return
     if server.port_accepts_connections(plan.setup.host, plan.setup.port):
         record.update(status="failed_to_start", error=f"port {plan.setup.port} is already in use")
         logger.error("[%s] port %d is already in use; is another server running?", config, plan.setup.port)
-        return ""
+        return
     log_path = scratch / f"server_{config}.log"
     logger.info("[%s] starting: %s", config, shlex.join(command))
     running = server.start_server(config, command, plan.server_env, log_path,
@@ -224,10 +229,22 @@ def sweep_config(plan: argparse.Namespace, config: str, document: dict, out_dir:
     except (OSError, RuntimeError, ValueError) as error:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")
         logger.error("[%s] %s: %s", config, type(error).__name__, error)
+    except SystemExit:
+        record.update(status="failed", error=INTERRUPTED)
+        record_missing_runs(plan, config, document, INTERRUPTED)
+        raise
     finally:
         server.stop_server(running)
         logger.info("[%s] server stopped", config)
-    return server.log_tail(log_path, plan.log_tail_lines)
+        tails[config] = server.log_tail(log_path, plan.log_tail_lines)
+
+
+def record_missing_runs(plan: argparse.Namespace, config: str, document: dict, error: str) -> None:
+    done = {run["concurrency"] for run in document["runs"] if run["config"] == config}
+    document["runs"] += [
+        run_record(config, c, bench.prompts_for_concurrency(c, plan.waves, plan.min_prompts),
+                   "failed", error)
+        for c in plan.concurrencies if c not in done]
 
 
 def build_plan(args: argparse.Namespace, out_dir: Path) -> argparse.Namespace:
@@ -286,10 +303,14 @@ def command_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         for config in plan.config_names:
-            tails[config] = sweep_config(plan, config, document, out_dir, scratch, deadline)
+            sweep_config(plan, config, document, out_dir, scratch, deadline, tails)
             results.save_results(document, out_dir / RESULTS_FILE)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for config in plan.config_names:
+            if config not in document["configs"]:
+                document["configs"][config] = {**config_record(
+                    plan, configs.server_command(config, plan.setup)), "error": INTERRUPTED}
         results.save_results(document, out_dir / RESULTS_FILE)
         write_server_logs(out_dir, tails)
         shutil.rmtree(scratch, ignore_errors=True)
@@ -341,6 +362,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "twice this times the number of concurrencies (default %(default)s)", type=float, default=300.0)
     add("--time-budget-s", "no server is started and a bench process is killed after this many seconds; "
         "the report is written from what finished (default: no limit)", type=float)
+    add("--min-config-window-s", "a configuration is skipped when less of the time budget is left: "
+        "its start-up and warm-up come before its first measured run (default %(default)s)",
+        type=float, default=150.0)
     add("--log-tail-lines", f"server log lines kept per configuration in {SERVER_LOGS_FILE} (default %(default)s)",
         type=int, default=200)
 

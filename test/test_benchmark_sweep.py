@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -105,20 +106,24 @@ def test_configuration_skipped_without_a_server_once_the_time_budget_is_spent(tm
         raise AssertionError("a server was started")
 
     monkeypatch.setattr(sweep.server, "start_server", no_server)
-    tail = sweep.sweep_config(plan, "dynamic", document, tmp_path, tmp_path, deadline=time.monotonic())
-    assert tail == ""
+    tails: dict = {}
+    sweep.sweep_config(plan, "dynamic", document, tmp_path, tmp_path, time.monotonic(), tails)
+    assert tails == {}
     assert document["configs"]["dynamic"]["status"] == "skipped"
     assert document["configs"]["dynamic"]["error"] == "time budget spent"
+    sweep.sweep_config(plan, "plain", document, tmp_path, tmp_path, time.monotonic() + 100, tails)
+    assert document["configs"]["plain"]["status"] == "skipped"
+    assert "below --min-config-window-s" in document["configs"]["plain"]["error"]
 
 
 def test_a_stopped_sweep_still_writes_results_and_report(tmp_path, monkeypatch):
     """An outer `timeout` sends SIGTERM; what finished before it is written all the same."""
-    def sweep_config(plan, config, document, out_dir, scratch, deadline):
+    def sweep_config(plan, config, document, out_dir, scratch, deadline, tails):
         if config == "eagle3":
             sweep.stop_on_sigterm(signal.SIGTERM, None)
         document["configs"][config] = {"status": results.RUN_OK, "error": None}
         document["runs"].append({**bench_run(config), "concurrency": 1})
-        return f"{config} log"
+        tails[config] = f"{config} log"
 
     monkeypatch.setattr(sweep, "sweep_config", sweep_config)
     with pytest.raises(SystemExit) as stopped:
@@ -127,6 +132,7 @@ def test_a_stopped_sweep_still_writes_results_and_report(tmp_path, monkeypatch):
     assert stopped.value.code == 128 + signal.SIGTERM
     document = results.load_results(tmp_path / sweep.RESULTS_FILE)
     assert [run["config"] for run in document["runs"]] == ["plain"]
+    assert document["configs"]["eagle3"]["error"] == sweep.INTERRUPTED  # never reached
     assert "plain log" in (tmp_path / sweep.SERVER_LOGS_FILE).read_text()
     assert "| 1 | 1000 |" in (tmp_path / "report.md").read_text()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
@@ -179,3 +185,34 @@ def test_a_runs_counters_start_after_bench_servings_warm_up_request(tmp_path, mo
     delta = run["mode_counters"]["delta"]
     assert (delta["speculative_steps"], delta["plain_steps"]) == (10, 400)
     assert run["mode_counters"]["before_source"] == mode_counters.BEFORE_AFTER_WARMUP
+
+
+def test_an_interrupted_configuration_records_its_missing_runs_and_stops_its_server(
+        tmp_path, monkeypatch):
+    args = sweep.build_parser().parse_args(["run", "--model-path", "m", "--draft-model-path", "d",
+                                            "--out", str(tmp_path), "--concurrencies", "1,4,16"])
+    plan = sweep.build_plan(args, tmp_path)
+    document = results.new_results_document(["sweep"], sweep.plan_settings(plan))
+    stopped = []
+    monkeypatch.setattr(sweep.server, "port_accepts_connections", lambda host, port: False)
+    running = SimpleNamespace(base_url="url")
+    monkeypatch.setattr(sweep.server, "start_server", lambda *a, **k: running)
+    monkeypatch.setattr(sweep.server, "wait_until_healthy", lambda *a, **k: 1.0)
+    monkeypatch.setattr(sweep.server, "fetch_server_info", lambda url: None)
+    monkeypatch.setattr(sweep.server, "base_url_of", lambda host, port: "url")
+    monkeypatch.setattr(sweep.server, "stop_server", stopped.append)
+    monkeypatch.setattr(sweep.server, "log_tail", lambda path, lines: "the tail")
+
+    def bench_until_sigterm(plan, running, document, out_dir, scratch, deadline):
+        document["runs"].append({**bench_run("dynamic"), "concurrency": 1})
+        sweep.stop_on_sigterm(signal.SIGTERM, None)
+
+    monkeypatch.setattr(sweep, "bench_all_concurrencies", bench_until_sigterm)
+    tails: dict = {}
+    with pytest.raises(SystemExit):
+        sweep.sweep_config(plan, "dynamic", document, tmp_path, tmp_path, float("inf"), tails)
+    assert stopped == [running] and tails == {"dynamic": "the tail"}
+    assert document["configs"]["dynamic"]["status"] == "failed"
+    assert document["configs"]["dynamic"]["error"] == sweep.INTERRUPTED
+    missing = [(run["concurrency"], run["status"]) for run in document["runs"][1:]]
+    assert missing == [(4, "failed"), (16, "failed")]
