@@ -211,10 +211,12 @@ class DraftCatchup:
         self._tokens[ring] = input_ids.to(torch.int64)
         self._hidden[ring] = aux_hidden_states.to(self._hidden.dtype)
         for entry, index in enumerate(req_pool_indices_cpu, start=first):
-            self._prefill_lengths.pop(index, None)
             self._missed[index] += 1
             self._entries[index].append(entry)
         self._written = first + count
+        if self._prefill_lengths:  # only deferred prefills fill it; off by default
+            for index in req_pool_indices_cpu:
+                self._prefill_lengths.pop(index, None)
 
     def record_prefill_tail(
         self,
