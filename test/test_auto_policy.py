@@ -1087,24 +1087,36 @@ def test_a_load_that_arrives_at_once_decodes_plainly_from_its_first_step() -> No
     assert feed(patient, [1] * 20 + [128] * K, table, 3.0)[20:] == [SPEC] * (K - 1) + [PLAIN]
 
 
-# --------------------------------------------------------------------------- stays_plain
+# --------------------------------------------------------------------------- expects_plain
 
 
-def test_a_plain_probe_from_speculation_does_not_stay_plain() -> None:
-    policy = make(probe_steps=P, refresh_interval=R, switch_patience=1)
-    steps = feed_probing(policy, [16] * 2, plain_unmeasured_table(gain_at_16=1.1), 1.0)
-    assert steps[-1] == (PLAIN, True)
-    assert not policy.stays_plain()
+def test_from_plain_plain_is_expected_until_entering_would_pay() -> None:
+    policy = make(PLAIN, margin=0.03)
+    table = flat_table(10.0, 10.0)  # the gain is the acceptance
+    assert policy.expects_plain(StepObservation(8, table, 1.03))
+    assert not policy.expects_plain(StepObservation(8, table, 1.04))
+    # Asking started no streak: the patience still needs K qualifying steps.
+    assert feed(policy, [8] * K, table, 1.04) == [PLAIN] * (K - 1) + [SPEC]
 
 
-def test_plain_stays_plain_until_a_streak_towards_speculation_starts() -> None:
-    policy = make(PLAIN, switch_patience=3, margin=0.03)
+def test_the_catch_up_cost_counts_against_entering() -> None:
+    policy = make(PLAIN, margin=0.03, catchup_horizon_steps=10)
+    assert not policy.expects_plain(StepObservation(8, flat_table(10.0, 10.0), 1.2))
+    assert policy.expects_plain(StepObservation(8, flat_table(10.0, 10.0, catchup_ms=30.0), 1.2))
+
+
+def test_from_speculation_plain_is_expected_only_where_it_would_leave() -> None:
+    policy = make(SPEC, margin=0.03)
     table = flat_table(10.0, 10.0)
-    feed(policy, [8], table, 0.9)  # gain 0.9: no entry streak
-    assert policy.stays_plain()
-    feed(policy, [8], table, 1.04)  # one of three qualifying steps
-    assert policy.mode is PLAIN and not policy.stays_plain()
-    feed(policy, [8], table, 0.9)  # the streak breaks
-    assert policy.stays_plain()
-    assert feed(policy, [8] * 3, table, 1.04)[-1] is SPEC
-    assert not policy.stays_plain()
+    assert policy.expects_plain(StepObservation(8, table, 0.96))
+    assert not policy.expects_plain(StepObservation(8, table, 0.98))
+    assert policy.expects_plain(StepObservation(CAP + 1, table, MAX_ACCEPTANCE))
+    assert not policy.expects_plain(StepObservation(8))  # no costs: the resting mode
+
+
+def test_during_a_plain_probe_the_mode_it_returns_to_decides() -> None:
+    policy = make(probe_steps=P, refresh_interval=R, switch_patience=1)
+    table = plain_unmeasured_table(gain_at_16=1.1)
+    steps = feed_probing(policy, [16] * 2, table, 1.0)
+    assert steps[-1] == (PLAIN, True)
+    assert not policy.expects_plain(StepObservation(16, table, 1.0))

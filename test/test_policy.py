@@ -500,12 +500,20 @@ def test_property_band_steps_never_switch(scenario) -> None:
 
 
 
-def test_stays_plain_only_while_plain_with_no_streak_back() -> None:
+def test_expects_plain_applies_the_resting_modes_threshold_without_changing_state() -> None:
     policy = make()
-    assert not policy._policy.stays_plain()  # speculative
+
+    def expects_plain(batch_size: int) -> bool:
+        return policy._policy.expects_plain(StepObservation(batch_size))
+
+    assert [expects_plain(N), expects_plain(N + 1), expects_plain(257)] == [False, True, True]
     to_plain(policy)
-    assert policy._policy.stays_plain()
-    feed(policy, [M] * (K - 1))  # a streak towards speculation, not complete
-    assert policy.mode is PLAIN and not policy._policy.stays_plain()
-    feed(policy, [N + 1])  # the streak breaks
-    assert policy._policy.stays_plain()
+    feed(policy, [M] * (K - 1))  # a streak back to speculation, not complete
+    assert [expects_plain(M), expects_plain(M + 1)] == [False, True]
+    assert feed(policy, [M]) == [SPEC]  # asking did not disturb the streak
+
+
+def test_without_a_disable_threshold_speculation_is_never_expected_to_end() -> None:
+    policy = make(n=0, m=0)
+    assert not policy._policy.expects_plain(StepObservation(200))
+    assert policy._policy.expects_plain(StepObservation(257))  # above the graph limit

@@ -15,6 +15,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_dynamic_eagle.auto_policy import AcceptanceEstimate
 from sglang_dynamic_eagle.counters import ModeCounters
+from sglang_dynamic_eagle.deferred_draft_prefill import RunningRequests
 from sglang_dynamic_eagle.draft_catchup import CatchupPlan, batch_req_pool_indices
 from sglang_dynamic_eagle.host_syncs import HostSyncCounter
 from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy, ThresholdPolicyConfig
@@ -134,6 +135,7 @@ def worker(monkeypatch):
     instance._catchup = catchup
     instance._plain_step = FakePlainStep(catchup)
     instance._deferred_prefill = None
+    instance._running = RunningRequests()
     instance._costs = FakeCosts()
     instance.prefill_timer = FakePrefillTimer()
     instance.host_syncs = HostSyncCounter(enabled=False)
@@ -145,8 +147,26 @@ def worker(monkeypatch):
     return instance
 
 
+# The requests of one test by slot (sglang's Req objects persist across batches) and the
+# slots whose requests have finished.
+REQUESTS: dict = {}
+FINISHED: set = set()
+
+
+@pytest.fixture(autouse=True)
+def fresh_requests():
+    REQUESTS.clear()
+    FINISHED.clear()
+
+
+def request_in(slot: int) -> SimpleNamespace:
+    return REQUESTS.setdefault(
+        slot, SimpleNamespace(req_pool_idx=slot, finished=lambda: slot in FINISHED)
+    )
+
+
 def make_batch(mode: ForwardMode, slots: Sequence[int]) -> SimpleNamespace:
-    reqs = [SimpleNamespace(req_pool_idx=slot) for slot in slots]
+    reqs = [request_in(slot) for slot in slots]
     return SimpleNamespace(
         forward_mode=mode,
         input_embeds=None,
@@ -305,14 +325,26 @@ def test_without_deferral_a_prefill_in_plain_mode_takes_eagles_path(worker) -> N
     assert worker.eagle_calls == ["EXTEND"]
 
 
-def test_a_prefill_while_the_policy_heads_back_to_speculation_is_not_deferred(worker) -> None:
+def test_a_prefill_that_joins_a_batch_small_enough_to_speculate_is_not_deferred(worker) -> None:
     deferred = FakeDeferredPrefill(worker.prefill_timer)
     worker._deferred_prefill = deferred
     worker._policy = ThresholdPolicy(ThresholdPolicyConfig(2, 2, 2, 48))
     for _ in range(2):
         decode(worker, [0, 1, 2])  # plain after a patience of 2
     decode(worker, [0])  # one step of the streak back: still plain
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3]))
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3]))  # joins 1: 2 <= M
     decode(worker, [0, 1, 2, 4])  # the streak breaks
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [5]))
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [5]))  # joins 4: 5 > M
     assert deferred.ran == [[5]]
+
+
+def test_the_joined_batch_counts_prefills_since_the_last_decode_and_not_finished_requests(
+    worker,
+) -> None:
+    deferred = FakeDeferredPrefill(worker.prefill_timer)
+    worker._deferred_prefill = deferred
+    decode(worker, [0, 1, 2])  # plain
+    FINISHED.update({0, 1, 2})
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3]))  # 1 <= M = 2
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [4, 5]))  # 3 > M
+    assert deferred.ran == [[4, 5]]

@@ -144,6 +144,18 @@ class _Probe:
     return_mode: DecodeMode  # the mode the probe interrupted
 
 
+@dataclass(frozen=True)
+class _Gains:
+    """Speculation's gains at one batch size: per step, on entry (the catch-up spread over
+    the horizon), and on entry at full acceptance."""
+
+    plain: CostLookup
+    spec: CostLookup
+    gain: float
+    entry_gain: float
+    best_gain: float
+
+
 @dataclass
 class _ProbeLog:
     """Decode-step index of the latest cost probe of each (mode, bucket) and of the latest
@@ -173,9 +185,21 @@ class CostPolicy:
     def mode(self) -> DecodeMode:
         return self._mode
 
-    def stays_plain(self) -> bool:
+    def expects_plain(self, observation: StepObservation) -> bool:
+        batch_size = observation.batch_size
+        if batch_size > self._config.max_speculative_batch:
+            return True
         resting = self._probe.return_mode if self._probe is not None else self._mode
-        return resting is DecodeMode.PLAIN and not self._streak.running
+        gains = (
+            self._gains(observation.costs, batch_size, observation.acceptance)
+            if observation.costs is not None
+            else None
+        )
+        if gains is None:
+            return resting is DecodeMode.PLAIN
+        if resting is DecodeMode.SPECULATIVE:
+            return gains.gain < 1 - self._config.margin
+        return gains.entry_gain <= 1 + self._config.margin
 
     @property
     def config(self) -> CostPolicyConfig:
@@ -219,26 +243,39 @@ class CostPolicy:
     def _decide_from_costs(
         self, costs: CostTable, batch_size: int, acceptance: Optional[float]
     ) -> DecodeMode:
-        plain = costs.plain.lookup(batch_size)
-        spec = costs.speculative.lookup(batch_size)
-        if plain.step_ms is None or spec.step_ms is None:
+        gains = self._gains(costs, batch_size, acceptance)
+        if gains is None:
             # The current mode's cost is being measured by this very step; the other's needs a probe.
+            plain = costs.plain.lookup(batch_size)
+            spec = costs.speculative.lookup(batch_size)
             missing = plain if self._mode is DecodeMode.SPECULATIVE else spec
             other = DecodeMode.PLAIN if self._mode is DecodeMode.SPECULATIVE else DecodeMode.SPECULATIVE
             if missing.step_ms is not None or missing.bucket is None:
                 return self._mode  # beyond the other mode's buckets nothing could be measured
             return self._probe_cost(other, missing.bucket) or self._mode
-        estimate = self._config.max_acceptance if acceptance is None else acceptance
-        gain = speculative_gain(estimate, plain.step_ms, spec.step_ms)
-        self._last_gain = gain
-        if self._mode is DecodeMode.SPECULATIVE:
-            prior_only = not any(costs.speculative.measured)
-            return self._from_speculative(gain, plain, spec, prior_only)
-        entry_ms = spec.step_ms + costs.catchup_ms / self._config.catchup_horizon_steps
-        entry_gain = speculative_gain(estimate, plain.step_ms, entry_ms)
-        best_gain = speculative_gain(self._config.max_acceptance, plain.step_ms, entry_ms)
+        self._last_gain = gains.gain
         prior_only = not any(costs.speculative.measured)
-        return self._from_plain(gain, entry_gain, best_gain, spec, prior_only)
+        if self._mode is DecodeMode.SPECULATIVE:
+            return self._from_speculative(gains.gain, gains.plain, gains.spec, prior_only)
+        return self._from_plain(gains.gain, gains.entry_gain, gains.best_gain, gains.spec, prior_only)
+
+    def _gains(
+        self, costs: CostTable, batch_size: int, acceptance: Optional[float]
+    ) -> Optional[_Gains]:
+        """The gains at ``batch_size``; None while either mode's cost there is unknown."""
+        plain = costs.plain.lookup(batch_size)
+        spec = costs.speculative.lookup(batch_size)
+        if plain.step_ms is None or spec.step_ms is None:
+            return None
+        estimate = self._config.max_acceptance if acceptance is None else acceptance
+        entry_ms = spec.step_ms + costs.catchup_ms / self._config.catchup_horizon_steps
+        return _Gains(
+            plain=plain,
+            spec=spec,
+            gain=speculative_gain(estimate, plain.step_ms, spec.step_ms),
+            entry_gain=speculative_gain(estimate, plain.step_ms, entry_ms),
+            best_gain=speculative_gain(self._config.max_acceptance, plain.step_ms, entry_ms),
+        )
 
     def _from_speculative(
         self, gain: float, plain: CostLookup, spec: CostLookup, prior_only: bool

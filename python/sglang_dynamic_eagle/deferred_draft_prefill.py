@@ -1,10 +1,11 @@
 """Prefill in plain mode without the draft's prefill: its draft KV is left to the catch-up.
 
-While the policy decodes plainly, a prefill's draft extend (about 2% of the target's prefill
-GPU time with the 8B-shaped model, 2026-12-01) writes draft KV that only a later speculative
-step reads, and it makes the batch's first tokens wait for it. With
-``SGLANG_DYNAMIC_EAGLE_DEFER_DRAFT_PREFILL=W``, a text prefill batch that starts while the
-policy is plain runs the target extend alone (capturing EAGLE-3's auxiliary hidden states as
+When the prefilled requests will decode plainly, a prefill's draft extend (about 2% of the
+target's prefill GPU time with the 8B-shaped model, 2026-12-01) writes draft KV that only a
+later speculative step reads, and it makes the batch's first tokens wait for it. With
+``SGLANG_DYNAMIC_EAGLE_DEFER_DRAFT_PREFILL=W``, a text prefill batch whose requests join a
+batch that the policy expects to decode plainly (``DecodePolicy.expects_plain`` at the size
+of :class:`RunningRequests` with the batch's requests) runs the target extend alone (capturing EAGLE-3's auxiliary hidden states as
 sglang's does) and stashes each request's last W positions of the batch (token and auxiliary
 hidden states) in the catch-up ring, as plain steps stash theirs. If speculation resumes, the
 catch-up rebuilds their draft KV together with the positions decoded plainly since. Older
@@ -18,7 +19,7 @@ Off by default: what it costs in acceptance has not been measured on a GPU yet.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Dict
+from typing import TYPE_CHECKING, Dict, Iterable
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -55,6 +56,27 @@ def can_defer(batch: ScheduleBatch) -> bool:
         and batch.input_embeds is None
         and not any(batch.multimodal_inputs or ())
     )
+
+
+class RunningRequests:
+    """The requests a prefill's requests will decode with: those of the latest decode step and
+    those prefilled since, less the finished ones. The worker sees only its own batches, and a
+    prefill batch holds only the new requests."""
+
+    def __init__(self) -> None:
+        self._requests: Dict[int, object] = {}
+
+    def decoded(self, requests: Iterable) -> None:
+        self._requests = {id(request): request for request in requests}
+
+    def prefilled(self, requests: Iterable) -> None:
+        self._requests.update((id(request), request) for request in requests)
+
+    def count(self) -> int:
+        self._requests = {
+            key: request for key, request in self._requests.items() if not request.finished()
+        }
+        return len(self._requests)
 
 
 class DeferredDraftPrefill:

@@ -80,9 +80,11 @@ class DecodePolicy(Protocol):
     def mode(self) -> DecodeMode:
         """The mode of the latest decided step (the initial mode before the first)."""
 
-    def stays_plain(self) -> bool:
-        """True while the policy decodes plainly and is not on its way back to speculation:
-        no patience streak towards it, and not a plain probe that returns to it."""
+    def expects_plain(self, observation: StepObservation) -> bool:
+        """True when decode steps like ``observation`` would be plain for good: the policy's
+        rule at that batch size from the mode it rests in (a probe's return mode), patience
+        aside. Changes no state (a deferred draft prefill asks it about the batch a prefill
+        joins)."""
 
     @property
     def max_speculative_batch(self) -> int:
@@ -119,11 +121,6 @@ class PatienceStreak:
 
     def reset(self) -> None:
         self._length = 0
-
-    @property
-    def running(self) -> bool:
-        """Some qualifying steps counted, the streak not complete yet."""
-        return self._length > 0
 
 
 @dataclass(frozen=True)
@@ -170,8 +167,14 @@ class ThresholdPolicy:
     def mode(self) -> DecodeMode:
         return self._mode
 
-    def stays_plain(self) -> bool:
-        return self._mode is DecodeMode.PLAIN and not self._streak.running
+    def expects_plain(self, observation: StepObservation) -> bool:
+        batch_size = observation.batch_size
+        if batch_size > self._config.max_speculative_batch:
+            return True
+        if self._mode is DecodeMode.SPECULATIVE:
+            threshold = self._config.disable_batch_threshold
+            return threshold > 0 and batch_size > threshold
+        return batch_size > self._config.enable_limit
 
     @property
     def config(self) -> ThresholdPolicyConfig:

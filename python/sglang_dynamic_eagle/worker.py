@@ -13,9 +13,9 @@ After the step it hands the step's end to the cost tracker (``step_costs``), and
 to the acceptance estimate. Prefill batches always take EAGLE-3's path (target extend + draft
 extend), so new requests start with a correct draft context in either mode; the draft extend
 runs the draft's output projection and MLP only at each request's last position
-(``draft_prefill``), and ``prefill_timing`` measures both parts. Optionally, a prefill that
-starts in plain mode runs the target extend alone and leaves the draft KV to the catch-up
-(``deferred_draft_prefill``).
+(``draft_prefill``), and ``prefill_timing`` measures both parts. Optionally, a prefill whose
+requests join a batch the policy expects to decode plainly runs the target extend alone and
+leaves the draft KV to the catch-up (``deferred_draft_prefill``).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from sglang_dynamic_eagle.cost_model import (
 from sglang_dynamic_eagle.counters import ModeCounters
 from sglang_dynamic_eagle.deferred_draft_prefill import (
     DeferredDraftPrefill,
+    RunningRequests,
     can_defer,
     deferred_prefill_window,
 )
@@ -91,6 +92,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._plain_step: Optional[PlainDecodeStep] = None
         self._catchup: Optional[DraftCatchup] = None
         self._deferred_prefill: Optional[DeferredDraftPrefill] = None
+        self._running = RunningRequests()
         self._costs: Optional[DecodeCostTracker] = None
         self._crossover_log = CrossoverLogGate()
         self._last_step_plain = False
@@ -274,6 +276,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             return super().forward_batch_generation(batch, on_publish, grammar_barrier)
 
         batch_size = batch.batch_size()
+        if self._deferred_prefill is not None:
+            self._running.decoded(batch.reqs)
         mode = self._decide(batch_size)
         with self.host_syncs.watch(mode.value):
             if mode is DecodeMode.PLAIN:
@@ -307,11 +311,11 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         return result
 
     def _defers_draft_prefill(self, batch: ScheduleBatch) -> bool:
-        return (
-            self._deferred_prefill is not None
-            and self._policy.stays_plain()
-            and can_defer(batch)
-        )
+        if self._deferred_prefill is None:
+            return False
+        self._running.prefilled(batch.reqs)
+        joined = StepObservation(self._running.count(), self._costs.table, self.acceptance.value)
+        return can_defer(batch) and self._policy.expects_plain(joined)
 
     # -- decode steps ----------------------------------------------------
 

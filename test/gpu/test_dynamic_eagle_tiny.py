@@ -10,8 +10,8 @@
 * both of the above with chain drafting and with sglang's EAGLE3 tree for Llama
   (5 steps, topk 4, 8 draft tokens; trees start only with
   SGLANG_DYNAMIC_EAGLE_EXPERIMENTAL_TREES=1, which the tiny servers set);
-* deferred draft prefill: prefills that start in plain mode, with the draft's prefill left
-  to the catch-up, give exactly the plain server's tokens, and acceptance after the return to
+* deferred draft prefill: prefills that join a batch the policy expects to decode plainly,
+  with the draft's prefill left to the catch-up, give exactly the plain server's tokens, and acceptance after the return to
   speculation stays within 10% of EAGLE3's and clearly above a window of one position's, and
   lone requests that reuse a prefix first prefilled that way under load keep their acceptance
   within 10% of a server that ran the draft's prefill;
@@ -223,7 +223,8 @@ def deferred_prefill_load(server, eval_set) -> Tuple[List[dict], Dict[str, float
 
 
 def test_deferred_draft_prefill_is_lossless_and_keeps_acceptance(tiny_servers, eval_set):
-    """Prefills that start in plain mode skip the draft's prefill and stash their last
+    """Prefills that join a batch expected to decode plainly (14 requests at once, above the
+    tiny server's thresholds) skip the draft's prefill and stash their last
     positions; when the targets resume speculation, the catch-up rebuilds those with the
     plainly decoded ones. With a window that covers the load's prompts: lossless against plain
     decoding, acceptance after the return within the catch-up test's bar of always-on EAGLE3's.
