@@ -198,8 +198,17 @@ def sweep_config(plan: argparse.Namespace, config: str, document: dict, out_dir:
     running = server.start_server(config, command, plan.server_env, log_path,
                                   server.base_url_of(plan.setup.host, plan.setup.port))
     try:
-        record["startup_s"] = server.wait_until_healthy(
-            running, min(plan.server_timeout_s, (deadline - time.monotonic())), ERROR_TAIL_LINES)
+        wait_s = min(plan.server_timeout_s, deadline - time.monotonic())
+        try:
+            record["startup_s"] = server.wait_until_healthy(running, wait_s, ERROR_TAIL_LINES)
+        except server.ServerError:
+            if wait_s >= plan.server_timeout_s or not server.server_is_running(running):
+                raise
+            # The budget, not the server, ended the wait: not a failure of the configuration.
+            record["error"] = f"time budget spent while the server was starting ({wait_s:.0f} s)"
+            logger.warning("[%s] skipped: %s", config, record["error"])
+            record_missing_runs(plan, config, document, "skipped", record["error"])
+            return
         info = server.fetch_server_info(running.base_url)
         record.update(status=results.RUN_OK,
                       max_running_requests=server.effective_max_running_requests(info),
@@ -231,7 +240,7 @@ def sweep_config(plan: argparse.Namespace, config: str, document: dict, out_dir:
         logger.error("[%s] %s: %s", config, type(error).__name__, error)
     except SystemExit:
         record.update(status="failed", error=INTERRUPTED)
-        record_missing_runs(plan, config, document, INTERRUPTED)
+        record_missing_runs(plan, config, document, "failed", INTERRUPTED)
         raise
     finally:
         server.stop_server(running)
@@ -239,11 +248,12 @@ def sweep_config(plan: argparse.Namespace, config: str, document: dict, out_dir:
         tails[config] = server.log_tail(log_path, plan.log_tail_lines)
 
 
-def record_missing_runs(plan: argparse.Namespace, config: str, document: dict, error: str) -> None:
+def record_missing_runs(plan: argparse.Namespace, config: str, document: dict, status: str,
+                        error: str) -> None:
     done = {run["concurrency"] for run in document["runs"] if run["config"] == config}
     document["runs"] += [
         run_record(config, c, bench.prompts_for_concurrency(c, plan.waves, plan.min_prompts),
-                   "failed", error)
+                   status, error)
         for c in plan.concurrencies if c not in done]
 
 

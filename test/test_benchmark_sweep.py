@@ -216,3 +216,40 @@ def test_an_interrupted_configuration_records_its_missing_runs_and_stops_its_ser
     assert document["configs"]["dynamic"]["error"] == sweep.INTERRUPTED
     missing = [(run["concurrency"], run["status"]) for run in document["runs"][1:]]
     assert missing == [(4, "failed"), (16, "failed")]
+
+
+def test_a_budget_that_ends_during_start_up_skips_the_configuration(tmp_path, monkeypatch):
+    """A server still starting when the budget ends is not a failed configuration."""
+    args = sweep.build_parser().parse_args(["run", "--model-path", "m", "--draft-model-path", "d",
+                                            "--out", str(tmp_path), "--concurrencies", "1,4"])
+    plan = sweep.build_plan(args, tmp_path)
+    document = results.new_results_document(["sweep"], sweep.plan_settings(plan))
+    stopped = []
+    alive = {"running": True}
+    running = SimpleNamespace(base_url="url")
+
+    def not_healthy(server_, timeout_s, tail_lines):
+        raise sweep.server.ServerError(f"server not healthy after {timeout_s:.0f} s")
+
+    monkeypatch.setattr(sweep.server, "port_accepts_connections", lambda host, port: False)
+    monkeypatch.setattr(sweep.server, "start_server", lambda *a, **k: running)
+    monkeypatch.setattr(sweep.server, "wait_until_healthy", not_healthy)
+    monkeypatch.setattr(sweep.server, "server_is_running", lambda server_: alive["running"])
+    monkeypatch.setattr(sweep.server, "base_url_of", lambda host, port: "url")
+    monkeypatch.setattr(sweep.server, "stop_server", stopped.append)
+    monkeypatch.setattr(sweep.server, "log_tail", lambda path, lines: "the tail")
+    sweep.sweep_config(plan, "dynamic", document, tmp_path, tmp_path,
+                       time.monotonic() + plan.min_config_window_s + 10, {})
+    record = document["configs"]["dynamic"]
+    assert stopped == [running]
+    assert record["status"] == "skipped" and "while the server was starting" in record["error"]
+    assert [(run["concurrency"], run["status"]) for run in document["runs"]] == [
+        (1, "skipped"), (4, "skipped")]
+
+    alive["running"] = False  # the server died: a failure, budget or not
+    sweep.sweep_config(plan, "plain", document, tmp_path, tmp_path,
+                       time.monotonic() + plan.min_config_window_s + 10, {})
+    assert document["configs"]["plain"]["status"] == "failed_to_start"
+    alive["running"] = True
+    sweep.sweep_config(plan, "eagle3", document, tmp_path, tmp_path, float("inf"), {})
+    assert document["configs"]["eagle3"]["status"] == "failed_to_start"  # the server's own timeout
