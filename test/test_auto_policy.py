@@ -1105,18 +1105,22 @@ def test_the_catch_up_cost_counts_against_entering() -> None:
     assert policy.expects_plain(StepObservation(8, flat_table(10.0, 10.0, catchup_ms=30.0), 1.2))
 
 
-def test_from_speculation_plain_is_expected_only_where_it_would_leave() -> None:
+def test_from_speculation_plain_is_expected_only_above_the_graph_limit() -> None:
     policy = make(SPEC, margin=0.03)
-    table = flat_table(10.0, 10.0)
-    assert policy.expects_plain(StepObservation(8, table, 0.96))
-    assert not policy.expects_plain(StepObservation(8, table, 0.98))
+    table = flat_table(10.0, 10.0, catchup_ms=30.0)
+    assert not policy.expects_plain(StepObservation(8, table, 0.5))  # leaving takes the patience
     assert policy.expects_plain(StepObservation(CAP + 1, table, MAX_ACCEPTANCE))
-    assert not policy.expects_plain(StepObservation(8))  # no costs: the resting mode
+
+
+def test_from_plain_without_costs_plain_is_expected() -> None:
+    assert make(PLAIN).expects_plain(StepObservation(8))
+    assert not make(SPEC).expects_plain(StepObservation(8))
 
 
 def test_during_a_plain_probe_the_mode_it_returns_to_decides() -> None:
     policy = make(probe_steps=P, refresh_interval=R, switch_patience=1)
-    table = plain_unmeasured_table(gain_at_16=1.1)
+    # At a gain of 1.0 plain mode would expect plain: only the return mode says no.
+    table = plain_unmeasured_table(gain_at_16=1.0)
     steps = feed_probing(policy, [16] * 2, table, 1.0)
     assert steps[-1] == (PLAIN, True)
     assert not policy.expects_plain(StepObservation(16, table, 1.0))

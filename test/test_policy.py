@@ -500,14 +500,17 @@ def test_property_band_steps_never_switch(scenario) -> None:
 
 
 
-def test_expects_plain_applies_the_resting_modes_threshold_without_changing_state() -> None:
+def test_expects_plain_only_from_plain_or_above_the_graph_limit_without_changing_state() -> None:
     policy = make()
 
     def expects_plain(batch_size: int) -> bool:
         return policy._policy.expects_plain(StepObservation(batch_size))
 
-    assert [expects_plain(N), expects_plain(N + 1), expects_plain(257)] == [False, True, True]
-    to_plain(policy)
+    # From speculation only above the graph limit (cap 256): leaving takes the patience.
+    assert [expects_plain(N), expects_plain(N + 1), expects_plain(257)] == [False, False, True]
+    feed(policy, [N + 1] * (K - 1))  # a streak towards plain, not complete
+    assert not expects_plain(N + 1)
+    assert feed(policy, [N + 1]) == [PLAIN]  # asking did not disturb that streak either
     feed(policy, [M] * (K - 1))  # a streak back to speculation, not complete
     assert [expects_plain(M), expects_plain(M + 1)] == [False, True]
     assert feed(policy, [M]) == [SPEC]  # asking did not disturb the streak

@@ -348,3 +348,34 @@ def test_the_joined_batch_counts_prefills_since_the_last_decode_and_not_finished
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3]))  # 1 <= M = 2
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [4, 5]))  # 3 > M
     assert deferred.ran == [[4, 5]]
+
+
+def test_from_speculation_only_a_batch_above_the_graph_limit_defers(worker) -> None:
+    deferred = FakeDeferredPrefill(worker.prefill_timer)
+    worker._deferred_prefill = deferred
+    decode(worker, [0])  # speculative
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, range(1, 11)))  # 11 > N
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, range(11, 51)))  # 51 > 48
+    assert deferred.ran == [list(range(11, 51))]
+
+
+def test_the_policy_is_asked_with_the_measured_costs_and_acceptance(worker) -> None:
+    asked = []
+    policy = worker._policy
+
+    class AskedPolicy:
+        mode = property(lambda self: policy.mode)
+        decide = staticmethod(policy.decide)
+
+        def expects_plain(self, observation):
+            asked.append(observation)
+            return False
+
+    worker._policy = AskedPolicy()
+    worker._deferred_prefill = FakeDeferredPrefill(worker.prefill_timer)
+    worker._costs.table = "the cost table"
+    worker.acceptance.add_step([2, 2], 1)
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [0, 1]))
+    [observation] = asked
+    assert (observation.batch_size, observation.costs) == (2, "the cost table")
+    assert observation.acceptance == worker.acceptance.value is not None

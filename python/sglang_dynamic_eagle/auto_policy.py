@@ -190,16 +190,11 @@ class CostPolicy:
         if batch_size > self._config.max_speculative_batch:
             return True
         resting = self._probe.return_mode if self._probe is not None else self._mode
-        gains = (
-            self._gains(observation.costs, batch_size, observation.acceptance)
-            if observation.costs is not None
-            else None
-        )
-        if gains is None:
-            return resting is DecodeMode.PLAIN
         if resting is DecodeMode.SPECULATIVE:
-            return gains.gain < 1 - self._config.margin
-        return gains.entry_gain <= 1 + self._config.margin
+            return False
+        costs = observation.costs
+        gains = None if costs is None else self._gains(costs, batch_size, observation.acceptance)
+        return gains is None or gains.entry_gain <= 1 + self._config.margin
 
     @property
     def config(self) -> CostPolicyConfig:

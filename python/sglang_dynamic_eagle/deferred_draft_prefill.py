@@ -5,7 +5,8 @@ target's prefill GPU time with the 8B-shaped model, 2026-12-01) writes draft KV 
 later speculative step reads, and it makes the batch's first tokens wait for it. With
 ``SGLANG_DYNAMIC_EAGLE_DEFER_DRAFT_PREFILL=W``, a text prefill batch whose requests join a
 batch that the policy expects to decode plainly (``DecodePolicy.expects_plain`` at the size
-of :class:`RunningRequests` with the batch's requests) runs the target extend alone (capturing EAGLE-3's auxiliary hidden states as
+of :class:`RunningRequests` with the batch's requests: from plain mode, or above the largest
+speculative batch) runs the target extend alone (capturing EAGLE-3's auxiliary hidden states as
 sglang's does) and stashes each request's last W positions of the batch (token and auxiliary
 hidden states) in the catch-up ring, as plain steps stash theirs. If speculation resumes, the
 catch-up rebuilds their draft KV together with the positions decoded plainly since. Older

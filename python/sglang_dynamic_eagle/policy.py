@@ -81,10 +81,12 @@ class DecodePolicy(Protocol):
         """The mode of the latest decided step (the initial mode before the first)."""
 
     def expects_plain(self, observation: StepObservation) -> bool:
-        """True when decode steps like ``observation`` would be plain for good: the policy's
-        rule at that batch size from the mode it rests in (a probe's return mode), patience
-        aside. Changes no state (a deferred draft prefill asks it about the batch a prefill
-        joins)."""
+        """True when decode steps like ``observation`` would be plain for good: above the
+        largest speculative batch, or, while the policy rests in plain mode (a probe's return
+        mode), where its rule would not enter speculation, patience aside. From speculation
+        False: leaving takes the patience, and a batch that shrinks back would keep
+        speculating. Changes no state (a deferred draft prefill asks it about the batch a
+        prefill joins)."""
 
     @property
     def max_speculative_batch(self) -> int:
@@ -171,10 +173,7 @@ class ThresholdPolicy:
         batch_size = observation.batch_size
         if batch_size > self._config.max_speculative_batch:
             return True
-        if self._mode is DecodeMode.SPECULATIVE:
-            threshold = self._config.disable_batch_threshold
-            return threshold > 0 and batch_size > threshold
-        return batch_size > self._config.enable_limit
+        return self._mode is DecodeMode.PLAIN and batch_size > self._config.enable_limit
 
     @property
     def config(self) -> ThresholdPolicyConfig:
