@@ -16,6 +16,7 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang_dynamic_eagle.deferred_draft_prefill import (
     DEFER_ENV,
     DeferredDraftPrefill,
+    RunningRequests,
     can_defer,
     deferred_prefill_window,
 )
@@ -206,3 +207,16 @@ def test_a_plain_step_after_a_deferred_prefill_makes_its_lengths_the_newest() ->
     catchup.record_plain_step([2], torch.tensor([2010]), torch.tensor([[2.0, 10.0, 0.5]]))
     batch = SimpleNamespace(seq_lens_cpu=None, req_pool_indices_cpu=torch.tensor([2]))
     assert catchup._lengths_on_host(batch, catchup.plan([2]), torch.tensor([11])) == [11]
+
+
+def test_running_requests_are_the_latest_decode_step_and_the_prefills_since() -> None:
+    def request(finished: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(finished=lambda: finished)
+
+    running = RunningRequests()
+    retracted, decoding, done = request(), request(), request(finished=True)
+    running.prefilled([retracted, decoding])
+    assert running.count() == 2
+    running.decoded([decoding, done])  # the retracted request left the running batch unfinished
+    running.prefilled([decoding, request()])  # a request is counted once
+    assert running.count() == 2

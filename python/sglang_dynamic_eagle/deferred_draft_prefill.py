@@ -20,7 +20,7 @@ Off by default: what it costs in acceptance has not been measured on a GPU yet.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Dict, Iterable
+from typing import TYPE_CHECKING, Dict, Iterable, List
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -65,19 +65,21 @@ class RunningRequests:
     prefill batch holds only the new requests."""
 
     def __init__(self) -> None:
-        self._requests: Dict[int, object] = {}
+        self._decoded: List[object] = []
+        self._prefilled: Dict[int, object] = {}
 
     def decoded(self, requests: Iterable) -> None:
-        self._requests = {id(request): request for request in requests}
+        """Every decode step: a copy of the list only (the batch extends its own in place)."""
+        self._decoded = list(requests)
+        self._prefilled = {}
 
     def prefilled(self, requests: Iterable) -> None:
-        self._requests.update((id(request), request) for request in requests)
+        self._prefilled.update((id(request), request) for request in requests)
 
     def count(self) -> int:
-        self._requests = {
-            key: request for key, request in self._requests.items() if not request.finished()
-        }
-        return len(self._requests)
+        running = {id(request): request for request in self._decoded}
+        running.update(self._prefilled)
+        return sum(1 for request in running.values() if not request.finished())
 
 
 class DeferredDraftPrefill:
