@@ -43,7 +43,7 @@ def deferred_prefill_window() -> int:
     if not raw.isdigit() or int(raw) > MAX_WINDOW:
         raise StartupError(
             f"{DEFER_ENV}={raw!r} is invalid: set it to the number of prompt positions per "
-            f"request (1 to {MAX_WINDOW}) whose draft KV a plain-mode prefill leaves to the "
+            f"request (1 to {MAX_WINDOW}) whose draft KV a deferred prefill leaves to the "
             "catch-up, or to 0 or unset to keep the draft's prefill."
         )
     return int(raw)

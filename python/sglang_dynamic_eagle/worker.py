@@ -10,7 +10,7 @@ same collectives), then runs
 * plain: one target DECODE forward through the plain-decode graphs (``plain_step``).
 
 After the step it hands the step's end to the cost tracker (``step_costs``), and verify results
-to the acceptance estimate. Prefill batches always take EAGLE-3's path (target extend + draft
+to the acceptance estimate. Prefill batches take EAGLE-3's path (target extend + draft
 extend), so new requests start with a correct draft context in either mode; the draft extend
 runs the draft's output projection and MLP only at each request's last position
 (``draft_prefill``), and ``prefill_timing`` measures both parts. Optionally, a prefill whose
