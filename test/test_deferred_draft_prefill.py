@@ -18,6 +18,7 @@ from sglang_dynamic_eagle.deferred_draft_prefill import (
     DeferredDraftPrefill,
     RunningRequests,
     can_defer,
+    decode_at_most_once,
     deferred_prefill_window,
 )
 from sglang_dynamic_eagle.draft_catchup import MAX_WINDOW, DraftCatchup
@@ -165,7 +166,7 @@ def test_the_run_is_the_target_extend_then_the_stash() -> None:
     deferred = DeferredDraftPrefill(target, catchup, FakePlainStep(), window=2)
     published: List[torch.Tensor] = []
     batch = _prefill_batch()
-    result = deferred.run(batch, published.append)
+    result = deferred.run(batch, published.append, 2)
 
     assert target.capture_modes == [CaptureHiddenMode.FULL]
     assert [lens.tolist() for lens in published] == [[3, 6]]
@@ -178,12 +179,33 @@ def test_the_run_is_the_target_extend_then_the_stash() -> None:
         "deferred_draft_prefill_window": 2,
         "deferred_draft_prefill_batches": 1,
         "deferred_draft_prefill_tokens": 5,
+        "deferred_draft_prefill_unstashed_batches": 0,
     }
+
+
+def test_a_run_with_no_window_stashes_nothing_and_forgets_what_the_slots_missed() -> None:
+    catchup = _catchup()
+    catchup.record_plain_step([2], torch.tensor([2010]), torch.tensor([[2.0, 10.0, 0.5]]))
+    deferred = DeferredDraftPrefill(FakeTarget(), catchup, FakePlainStep(), window=2)
+    deferred.run(_prefill_batch(), None, 0)
+    assert catchup.plan([2, 5]).rows == []
+    assert deferred.report()["deferred_draft_prefill_unstashed_batches"] == 1
+
+
+def _asking_for(*max_new_tokens) -> SimpleNamespace:
+    return SimpleNamespace(reqs=[SimpleNamespace(sampling_params=SimpleNamespace(max_new_tokens=n))
+                                 for n in max_new_tokens])
+
+
+def test_only_a_prefill_whose_requests_all_ask_for_two_tokens_or_fewer_decodes_once() -> None:
+    assert decode_at_most_once(_asking_for(2, 1, 0))
+    assert not decode_at_most_once(_asking_for(2, 3))
+    assert not decode_at_most_once(_asking_for(None))
 
 
 def test_the_run_needs_no_publish_callback() -> None:
     deferred = DeferredDraftPrefill(FakeTarget(), _catchup(), FakePlainStep(), window=1)
-    assert deferred.run(_prefill_batch(), None).new_seq_lens.tolist() == [3, 6]
+    assert deferred.run(_prefill_batch(), None, 1).new_seq_lens.tolist() == [3, 6]
 
 
 def test_a_catch_up_right_after_a_deferred_prefill_reads_the_prefill_lengths() -> None:

@@ -159,9 +159,10 @@ def fresh_requests():
     FINISHED.clear()
 
 
-def request_in(slot: int) -> SimpleNamespace:
+def request_in(slot: int, max_new_tokens: int = 128) -> SimpleNamespace:
     return REQUESTS.setdefault(
-        slot, SimpleNamespace(req_pool_idx=slot, finished=lambda: slot in FINISHED)
+        slot, SimpleNamespace(req_pool_idx=slot, finished=lambda: slot in FINISHED,
+                              sampling_params=SimpleNamespace(max_new_tokens=max_new_tokens))
     )
 
 
@@ -294,11 +295,14 @@ class FakeDeferredPrefill:
 
     timer: FakePrefillTimer
     ran: List[List[int]] = field(default_factory=list)
+    windows: List[int] = field(default_factory=list)
+    window: int = 64
 
-    def run(self, batch, on_publish):
+    def run(self, batch, on_publish, window):
         self.timer.calls.append("target extend")
         on_publish("new seq lens")
         self.ran.append(batch_req_pool_indices(batch))
+        self.windows.append(window)
         return SimpleNamespace(can_run_cuda_graph=False)
 
 
@@ -357,6 +361,28 @@ def test_from_speculation_only_a_batch_above_the_graph_limit_defers(worker) -> N
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, range(1, 11)))  # 11 > N
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, range(11, 51)))  # 51 > 48
     assert deferred.ran == [list(range(11, 51))]
+
+
+def test_while_speculating_a_prefill_of_requests_that_decode_once_defers_and_stashes_nothing(
+    worker,
+) -> None:
+    deferred = FakeDeferredPrefill(worker.prefill_timer)
+    worker._deferred_prefill = deferred
+    decode(worker, [0])  # speculative
+    for slot, max_new_tokens in ((1, 2), (2, 1), (3, 3)):
+        request_in(slot, max_new_tokens)
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [1, 2]))
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [2, 3]))
+    worker.forward_batch_generation(make_batch(ForwardMode.MIXED, [1]))
+    assert (deferred.ran, deferred.windows) == ([[1, 2]], [0])
+
+
+def test_a_prefill_in_plain_mode_stashes_the_window(worker) -> None:
+    deferred = FakeDeferredPrefill(worker.prefill_timer)
+    worker._deferred_prefill = deferred
+    decode(worker, [0, 1, 2])  # plain
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3, 4]))
+    assert deferred.windows == [64]
 
 
 def test_the_policy_is_asked_with_the_measured_costs_and_acceptance(worker) -> None:

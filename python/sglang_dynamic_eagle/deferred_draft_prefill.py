@@ -14,6 +14,12 @@ prompt positions keep stale draft KV (zeros or another request's entries): accep
 for them, never an output token, since the target verifies every one; through the radix cache
 a later request that shares such a prefix pays it too.
 
+A prefill whose requests all ask for at most two tokens (the prefill's and one decode step's,
+as scoring and classification loads do) is deferred in either mode and stashes nothing: a
+speculative step yields at least the one token such a request has left, so speculation cannot
+shorten it and its draft KV is never read. In a speculative step its rows propose from the
+stub, which only the acceptance counters see.
+
 Off by default: what it costs in acceptance has not been measured on a GPU yet.
 """
 
@@ -49,6 +55,10 @@ def deferred_prefill_window() -> int:
     return int(raw)
 
 
+# The prefill's token and one decode step's: speculation cannot shorten such a request.
+MAX_TOKENS_THAT_CANNOT_SPECULATE = 2
+
+
 def can_defer(batch: ScheduleBatch) -> bool:
     """A prefill of text prompts alone: mixed batches, input embeddings and multimodal
     inputs keep sglang's path."""
@@ -56,6 +66,15 @@ def can_defer(batch: ScheduleBatch) -> bool:
         batch.forward_mode == ForwardMode.EXTEND
         and batch.input_embeds is None
         and not any(batch.multimodal_inputs or ())
+    )
+
+
+def decode_at_most_once(batch: ScheduleBatch) -> bool:
+    """Every request of the batch finishes within one decode step after its prefill."""
+    return all(
+        request.sampling_params.max_new_tokens is not None
+        and request.sampling_params.max_new_tokens <= MAX_TOKENS_THAT_CANNOT_SPECULATE
+        for request in batch.reqs
     )
 
 
@@ -98,9 +117,11 @@ class DeferredDraftPrefill:
         self.window = window
         self.batches = 0
         self.tokens = 0
+        self.unstashed_batches = 0
 
-    def run(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
-        """The target extend of EAGLE-3's prefill, then the stash instead of the draft extend."""
+    def run(self, batch: ScheduleBatch, on_publish, window: int) -> GenerationBatchResult:
+        """The target extend of EAGLE-3's prefill, then a stash of each request's last
+        ``window`` positions (0: none) instead of the draft extend."""
         result = self._target_worker.forward_batch_generation(
             batch, capture_hidden_mode=CaptureHiddenMode.FULL
         )
@@ -114,11 +135,12 @@ class DeferredDraftPrefill:
             [prefix + extend for prefix, extend in zip(batch.prefix_lens, batch.extend_lens)],
             batch.input_ids,
             result.logits_output.hidden_states,
-            self.window,
+            window,
         )
         result.next_draft_input = self._plain_step.draft_input_stub(result.next_token_ids)
         self.batches += 1
         self.tokens += batch.extend_num_tokens or 0
+        self.unstashed_batches += window == 0
         return result
 
     def report(self) -> Dict[str, int]:
@@ -126,4 +148,5 @@ class DeferredDraftPrefill:
             "deferred_draft_prefill_window": self.window,
             "deferred_draft_prefill_batches": self.batches,
             "deferred_draft_prefill_tokens": self.tokens,
+            "deferred_draft_prefill_unstashed_batches": self.unstashed_batches,
         }

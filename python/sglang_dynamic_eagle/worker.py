@@ -44,6 +44,7 @@ from sglang_dynamic_eagle.deferred_draft_prefill import (
     DeferredDraftPrefill,
     RunningRequests,
     can_defer,
+    decode_at_most_once,
     deferred_prefill_window,
 )
 from sglang_dynamic_eagle.draft_catchup import (
@@ -303,19 +304,26 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             if on_publish is not None:
                 on_publish(new_seq_lens)
 
-        if self._defers_draft_prefill(batch):
-            result = self._deferred_prefill.run(batch, publish)
-        else:
+        window = self._deferral_window(batch)
+        if window is None:
             result = super().forward_batch_generation(batch, publish, grammar_barrier)
+        else:
+            result = self._deferred_prefill.run(batch, publish, window)
         self.prefill_timer.stop(events)
         return result
 
-    def _defers_draft_prefill(self, batch: ScheduleBatch) -> bool:
+    def _deferral_window(self, batch: ScheduleBatch) -> Optional[int]:
+        """Positions per request the prefill leaves to the catch-up instead of running the
+        draft extend; None: it runs the draft extend."""
         if self._deferred_prefill is None:
-            return False
+            return None
         self._running.prefilled(batch.reqs)
+        if not can_defer(batch):
+            return None
+        if decode_at_most_once(batch):
+            return 0
         joined = StepObservation(self._running.count(), self._costs.table, self.acceptance.value)
-        return can_defer(batch) and self._policy.expects_plain(joined)
+        return self._deferred_prefill.window if self._policy.expects_plain(joined) else None
 
     # -- decode steps ----------------------------------------------------
 
