@@ -91,11 +91,12 @@ def bench_all_concurrencies(plan: argparse.Namespace, running: server.RunningSer
                             out_dir: Path, scratch: Path, deadline: float) -> None:
     """Warm up, then run bench_serving at every concurrency against the running server, in one
     bench process, recording each run as its result line appears. Concurrencies without a
-    result line are recorded as failed."""
+    result line are recorded as failed, or as skipped where the time budget ended them."""
     config = running.config
     prompts = {c: bench.prompts_for_concurrency(c, plan.waves, plan.min_prompts) for c in plan.concurrencies}
     # The warm-up counts as one more run per concurrency.
-    timeout_s = min(plan.bench_timeout_s * 2 * len(prompts), (deadline - time.monotonic()))
+    own_timeout_s = plan.bench_timeout_s * 2 * len(prompts)
+    timeout_s = min(own_timeout_s, deadline - time.monotonic())
     if timeout_s <= 0:
         document["runs"] += [run_record(config, c, n, "skipped", "time budget spent") for c, n in prompts.items()]
         return
@@ -138,12 +139,15 @@ def bench_all_concurrencies(plan: argparse.Namespace, running: server.RunningSer
                   (Path(bench_driver.after_warmup_file(measured.output_file)), on_after_warmup),
                   (Path(measured.output_file), on_result)],
         driver_log, timeout_s, server_alive=lambda: server.server_is_running(running))
-    reason = {bench.TIMEOUT_EXIT_CODE: "time budget or --bench-timeout-s reached",
+    budget_ended = exit_code == bench.TIMEOUT_EXIT_CODE and timeout_s < own_timeout_s
+    status = "skipped" if budget_ended else "failed"
+    reason = {bench.TIMEOUT_EXIT_CODE: "time budget spent during the runs" if budget_ended
+              else "--bench-timeout-s reached",
               bench.SERVER_DIED_EXIT_CODE: "server died"}.get(
         exit_code, f"no result line (bench driver exit code {exit_code})")
     output_tail = server.log_tail(driver_log, ERROR_TAIL_LINES)
     for concurrency in sorted(set(prompts) - done):
-        run = run_record(config, concurrency, prompts[concurrency], "failed",
+        run = run_record(config, concurrency, prompts[concurrency], status,
                          f"{reason}; bench_serving output tail:\n{output_tail}")
         document["runs"].append(run)
         logger.info("%s", progress_line(run))

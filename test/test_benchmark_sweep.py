@@ -253,3 +253,31 @@ def test_a_budget_that_ends_during_start_up_skips_the_configuration(tmp_path, mo
     alive["running"] = True
     sweep.sweep_config(plan, "eagle3", document, tmp_path, tmp_path, float("inf"), {})
     assert document["configs"]["eagle3"]["status"] == "failed_to_start"  # the server's own timeout
+
+
+@pytest.mark.parametrize("budget_s, status, reason", [
+    (30.0, "skipped", "time budget spent during the runs"),
+    (float("inf"), "failed", "--bench-timeout-s reached"),
+])
+def test_runs_the_time_budget_ends_are_skipped_and_runs_the_bench_timeout_ends_failed(
+        tmp_path, monkeypatch, budget_s, status, reason):
+    args = sweep.build_parser().parse_args(["run", "--model-path", "m", "--draft-model-path", "d",
+                                            "--out", str(tmp_path), "--concurrencies", "1,4"])
+    plan = sweep.build_plan(args, tmp_path)
+    line = {**bench_result_line(1000.0, [0.03] * 4, [[0.005]] * 4), "max_concurrency": 1,
+            "server_info": dynamic_info(spec=4, plain=0)}
+
+    def driver_cut_after_one_run(command, watched, driver_log, timeout_s, server_alive):
+        watched[2][1](line)
+        return sweep.bench.TIMEOUT_EXIT_CODE
+
+    monkeypatch.setattr(sweep.bench, "run_bench_driver", driver_cut_after_one_run)
+    monkeypatch.setattr(sweep.server, "fetch_server_info", lambda url: dynamic_info(0, 0))
+    monkeypatch.setattr(sweep.server, "log_tail", lambda path, lines: "the tail")
+    running = sweep.server.RunningServer("dynamic", None, tmp_path / "server.log", "http://h:1")
+    document = {"runs": []}
+    sweep.bench_all_concurrencies(plan, running, document, tmp_path, tmp_path,
+                                  time.monotonic() + budget_s)
+    first, cut = document["runs"]
+    assert first["status"] == results.RUN_OK
+    assert (cut["concurrency"], cut["status"]) == (4, status) and cut["error"].startswith(reason)
