@@ -17,6 +17,7 @@ from sglang_dynamic_eagle.deferred_draft_prefill import (
     DEFER_ENV,
     DeferredDraftPrefill,
     RunningRequests,
+    StubProposals,
     can_defer,
     decode_at_most_once,
     deferred_prefill_window,
@@ -242,3 +243,19 @@ def test_running_requests_are_the_latest_decode_step_and_the_prefills_since() ->
     running.decoded([decoding, done])  # the retracted request left the running batch unfinished
     running.prefilled([decoding, request()])  # a request is counted once
     assert running.count() == 2
+
+
+def test_stub_proposals_are_the_rows_of_requests_prefilled_without_a_stash() -> None:
+    done = {"finished": False}
+    short, other = SimpleNamespace(finished=lambda: done["finished"]), SimpleNamespace()
+    stubs = StubProposals()
+    stubs.speculative_step([other])  # before any such prefill
+    stubs.prefilled([short])
+    stubs.speculative_step([other, short])
+    assert stubs.drafted([2]) == [2]
+    assert stubs.drafted([2, 0]) == [2]
+    assert stubs.drafted([1, 1]) == [1, 1]  # a result with no step pending: nothing left out
+    done["finished"] = True
+    stubs.prefilled([])
+    stubs.speculative_step([other, short])  # a finished request is forgotten
+    assert stubs.drafted([2, 0]) == [2, 0]

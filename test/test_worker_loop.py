@@ -15,7 +15,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_dynamic_eagle.auto_policy import AcceptanceEstimate
 from sglang_dynamic_eagle.counters import ModeCounters
-from sglang_dynamic_eagle.deferred_draft_prefill import RunningRequests
+from sglang_dynamic_eagle.deferred_draft_prefill import RunningRequests, StubProposals
 from sglang_dynamic_eagle.draft_catchup import CatchupPlan, batch_req_pool_indices
 from sglang_dynamic_eagle.host_syncs import HostSyncCounter
 from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy, ThresholdPolicyConfig
@@ -136,6 +136,7 @@ def worker(monkeypatch):
     instance._plain_step = FakePlainStep(catchup)
     instance._deferred_prefill = None
     instance._running = RunningRequests()
+    instance._stub_proposals = StubProposals()
     instance._costs = FakeCosts()
     instance.prefill_timer = FakePrefillTimer()
     instance.host_syncs = HostSyncCounter(enabled=False)
@@ -375,6 +376,20 @@ def test_while_speculating_a_prefill_of_requests_that_decode_once_defers_and_sta
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [2, 3]))
     worker.forward_batch_generation(make_batch(ForwardMode.MIXED, [1]))
     assert (deferred.ran, deferred.windows) == ([[1, 2]], [0])
+
+
+def test_stub_proposals_stay_out_of_the_acceptance_estimate(worker) -> None:
+    """Slot 1 asked for two tokens, its prefill stashed nothing: in the speculative step that
+    follows it proposes from the stub, and only slot 0's verification is an acceptance."""
+    worker._deferred_prefill = FakeDeferredPrefill(worker.prefill_timer)
+    decode(worker, [0])  # speculative
+    request_in(1, max_new_tokens=2)
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [1]))
+    decode(worker, [0, 1])
+    worker.on_verify_complete_cpu([3])  # the first step's result
+    worker.on_verify_complete_cpu([3, 0])
+    assert worker.acceptance.value == pytest.approx(4.0)
+    assert worker.counters.speculative_verified_requests == 3
 
 
 def test_a_prefill_in_plain_mode_stashes_the_window(worker) -> None:

@@ -18,7 +18,8 @@ A prefill whose requests all ask for at most two tokens (the prefill's and one d
 as scoring and classification loads do) is deferred in either mode and stashes nothing: a
 speculative step yields at least the one token such a request has left, so speculation cannot
 shorten it and its draft KV is never read. In a speculative step its rows propose from the
-stub, which only the acceptance counters see.
+stub: :class:`StubProposals` keeps their verifications out of the policy's acceptance
+estimate (the mode counters count them).
 
 Off by default: what it costs in acceptance has not been measured on a GPU yet.
 """
@@ -26,7 +27,8 @@ Off by default: what it costs in acceptance has not been measured on a GPU yet.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Dict, Iterable, List
+from collections import deque
+from typing import TYPE_CHECKING, Deque, Dict, FrozenSet, Iterable, List, Sequence
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -99,6 +101,31 @@ class RunningRequests:
         running = {id(request): request for request in self._decoded}
         running.update(self._prefilled)
         return sum(1 for request in running.values() if not request.finished())
+
+
+class StubProposals:
+    """The rows of speculative steps whose requests' prefill stashed nothing: they propose from
+    the stub, so their verifications measure the stub, not the draft. Results are processed in
+    launch order, so each speculative result takes the oldest launched step's rows."""
+
+    def __init__(self) -> None:
+        self._requests: Dict[int, object] = {}
+        self._pending_rows: Deque[FrozenSet[int]] = deque()
+
+    def prefilled(self, requests: Iterable) -> None:
+        self._requests = {key: request for key, request in self._requests.items()
+                          if not request.finished()}
+        self._requests.update((id(request), request) for request in requests)
+
+    def speculative_step(self, requests: Sequence) -> None:
+        self._pending_rows.append(frozenset(
+            row for row, request in enumerate(requests) if id(request) in self._requests
+        ) if self._requests else frozenset())
+
+    def drafted(self, num_correct_drafts_per_req: Sequence[int]) -> List[int]:
+        """The oldest pending speculative step's accepted drafts, less the stub rows'."""
+        rows = self._pending_rows.popleft() if self._pending_rows else frozenset()
+        return [count for row, count in enumerate(num_correct_drafts_per_req) if row not in rows]
 
 
 class DeferredDraftPrefill:

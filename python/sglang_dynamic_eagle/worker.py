@@ -43,6 +43,7 @@ from sglang_dynamic_eagle.counters import ModeCounters
 from sglang_dynamic_eagle.deferred_draft_prefill import (
     DeferredDraftPrefill,
     RunningRequests,
+    StubProposals,
     can_defer,
     decode_at_most_once,
     deferred_prefill_window,
@@ -94,6 +95,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._catchup: Optional[DraftCatchup] = None
         self._deferred_prefill: Optional[DeferredDraftPrefill] = None
         self._running = RunningRequests()
+        self._stub_proposals = StubProposals()
         self._costs: Optional[DecodeCostTracker] = None
         self._crossover_log = CrossoverLogGate()
         self._last_step_plain = False
@@ -259,7 +261,9 @@ class DynamicEagleWorker(EAGLEWorkerV2):
     ) -> None:
         if self.counters.record_result(num_correct_drafts_per_req) is DecodeMode.SPECULATIVE:
             decode_steps = self.counters.speculative_steps + self.counters.plain_steps
-            self.acceptance.add_step(num_correct_drafts_per_req, decode_steps)
+            drafted = (num_correct_drafts_per_req if self._deferred_prefill is None
+                       else self._stub_proposals.drafted(num_correct_drafts_per_req))
+            self.acceptance.add_step(drafted, decode_steps)
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
 
     def forward_batch_generation(
@@ -288,6 +292,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
                 result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
         self._last_step_plain = mode is DecodeMode.PLAIN
         self.counters.record_step(mode, batch_size, ran_graph=bool(result.can_run_cuda_graph))
+        if self._deferred_prefill is not None and mode is DecodeMode.SPECULATIVE:
+            self._stub_proposals.speculative_step(batch.reqs)
         self._measure(mode, batch_size)
         return result
 
@@ -321,6 +327,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         if not can_defer(batch):
             return None
         if decode_at_most_once(batch):
+            self._stub_proposals.prefilled(batch.reqs)
             return 0
         joined = StepObservation(self._running.count(), self._costs.table, self.acceptance.value)
         return self._deferred_prefill.window if self._policy.expects_plain(joined) else None
