@@ -14,7 +14,10 @@
   with the draft's prefill left to the catch-up, give exactly the plain server's tokens, and acceptance after the return to
   speculation stays within 10% of EAGLE3's and clearly above a window of one position's, and
   lone requests that reuse a prefix first prefilled that way under load keep their acceptance
-  within 10% of a server that ran the draft's prefill;
+  within 10% of a server that ran the draft's prefill; requests that ask for two tokens,
+  prefilled without the draft's prefill while a long request speculates beside them, give
+  the plain server's tokens and leave the long requests' acceptance within 10% of theirs
+  alone;
 * capacity: 128 concurrent requests run more than 48 at once (EAGLE's cap);
 * logprobs: requests asking for them get one per output token in either mode,
   equal to the plain server's;
@@ -51,6 +54,8 @@ MAX_ACCEPTANCE_LOSS = 0.10
 MIN_CATCHUP_GAIN = 0.15
 SHARED_PREFIX_LOAD = 12  # requests that prefill the shared prefix under load
 SHARED_PREFIX_LONE = 8  # lone requests that reuse it
+TWO_TOKEN_REQUESTS = 24  # sent one after another beside the long ones
+TWO_TOKEN_LONG_REQUESTS = 4
 CAPACITY_REQUESTS = 128
 CAPACITY_OUTPUT_TOKENS = 400  # prompts are at most 100 tokens; the model has 2048 positions
 LOGPROB_WAVE = 8
@@ -170,12 +175,17 @@ def acceptance_after_plain_stretch(server, eval_set) -> Dict[str, float]:
     }
 
 
-def eagle3_acceptance_of_targets(server, eval_set) -> float:
-    targets = eval_set["prompts"][:CATCHUP_TARGETS]
-    outputs = send(server, targets, [CATCHUP_TARGET_TOKENS] * len(targets), len(targets))
+def verified_acceptance(outputs: Sequence[dict]) -> float:
+    """Tokens per verify of these requests (the first token comes from the prefill)."""
     return sum(o["meta_info"]["completion_tokens"] - 1 for o in outputs) / sum(
         o["meta_info"]["spec_verify_ct"] for o in outputs
     )
+
+
+def eagle3_acceptance_of_targets(server, eval_set) -> float:
+    targets = eval_set["prompts"][:CATCHUP_TARGETS]
+    return verified_acceptance(
+        send(server, targets, [CATCHUP_TARGET_TOKENS] * len(targets), len(targets)))
 
 
 @pytest.mark.parametrize("shape", list(DRAFT_SHAPES))
@@ -288,6 +298,43 @@ def test_deferred_draft_prefill_of_a_shared_prefix_keeps_acceptance(tiny_servers
           f"{deferred_acceptance:.3f}, run {reference_acceptance:.3f}, differences {differences}")
     assert not differences
     assert deferred_acceptance >= (1 - MAX_ACCEPTANCE_LOSS) * reference_acceptance
+
+
+def test_deferred_two_token_requests_beside_speculating_ones(tiny_servers, eval_set):
+    """Requests that ask for two tokens, sent one after another while long requests run one
+    after another (a batch of at most 2, within the speculative threshold), skip the draft's
+    prefill and stash nothing; in their one speculative step they propose from the stub. Every
+    output equals plain decoding's, and the long requests' acceptance stays within 10% of
+    theirs alone on the same server (stub rows out of step with the batch would cost it)."""
+    server, plain = tiny_servers["tiny_dynamic_deferred"], tiny_servers["tiny_plain"]
+    prompts = eval_set["prompts"]
+    longs = prompts[:TWO_TOKEN_LONG_REQUESTS]
+    shorts = prompts[TWO_TOKEN_LONG_REQUESTS:TWO_TOKEN_LONG_REQUESTS + TWO_TOKEN_REQUESTS]
+
+    def run_longs() -> List[dict]:
+        return [server.generate(p["input_ids"], CATCHUP_TARGET_TOKENS) for p in longs]
+
+    alone = run_longs()
+    before = server.dynamic_counters()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        beside_future = pool.submit(run_longs)
+        short_outputs = [server.generate(p["input_ids"], 2) for p in shorts]
+        beside = beside_future.result()
+    after = server.dynamic_counters()
+    expected = ([plain.generate(p["input_ids"], CATCHUP_TARGET_TOKENS) for p in longs]
+                + [plain.generate(p["input_ids"], 2) for p in shorts])
+    differences = [i for i, (d, p) in enumerate(zip(beside + short_outputs, expected))
+                   if first_difference(d["output_ids"], p["output_ids"]) is not None]
+    unstashed = (after["deferred_draft_prefill_unstashed_batches"]
+                 - before.get("deferred_draft_prefill_unstashed_batches", 0))
+    speculative_steps = after["speculative_steps"] - before["speculative_steps"]
+    print(f"two-token requests: {unstashed} prefills without a stash, {speculative_steps} "
+          f"speculative steps, long requests' acceptance alone {verified_acceptance(alone):.3f}, "
+          f"beside {verified_acceptance(beside):.3f}, differences {differences}")
+    assert not differences
+    # A short request's prefill shares a batch with a long one's at most once per long request.
+    assert unstashed >= TWO_TOKEN_REQUESTS - TWO_TOKEN_LONG_REQUESTS and speculative_steps > 0
+    assert verified_acceptance(beside) >= (1 - MAX_ACCEPTANCE_LOSS) * verified_acceptance(alone)
 
 
 def test_runs_more_than_48_requests_at_once(tiny_servers, eval_set):
