@@ -17,7 +17,9 @@ a later request that shares such a prefix pays it too.
 A prefill whose requests all ask for at most two tokens (the prefill's and one decode step's,
 as scoring and classification loads do) is deferred in either mode and stashes nothing: a
 speculative step yields at least the one token such a request has left, so speculation cannot
-shorten it and its draft KV is never read. In a speculative step its rows propose from the
+shorten it and its draft KV is never read, except through the radix cache: a later request
+that shares its prompt's prefix reads that prefix's stale draft KV, as after any deferred
+prefill (the target still verifies every token). In a speculative step its rows propose from the
 stub: :class:`StubProposals` keeps their verifications out of the policy's acceptance
 estimate (the mode counters count them).
 

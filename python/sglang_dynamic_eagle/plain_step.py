@@ -126,7 +126,9 @@ class PlainDecodeStep:
 
     def draft_input_stub(self, bonus_tokens: torch.Tensor) -> EagleDraftInput:
         """The draft fields of a result that ran no draft: zero stubs, one row per bonus
-        token, which catch-up overwrites before any draft reads them."""
+        token, which catch-up overwrites before a draft reads them; rows with nothing to catch
+        up (a prefill that stashed nothing, a truncated catch-up) propose from them, which
+        costs acceptance only."""
         batch_size = len(bonus_tokens)
         return EagleDraftInput(
             topk_p=self._stub_topk_p[:batch_size],
