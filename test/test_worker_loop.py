@@ -392,6 +392,29 @@ def test_stub_proposals_stay_out_of_the_acceptance_estimate(worker) -> None:
     assert worker.counters.speculative_verified_requests == 3
 
 
+def test_with_deferral_a_batch_of_requests_that_finish_in_this_step_decodes_plainly(
+    worker,
+) -> None:
+    asked = []
+    decide = worker._policy.decide
+    worker._policy.decide = lambda observation: asked.append(observation.batch_size) or decide(
+        observation)
+    worker._deferred_prefill = FakeDeferredPrefill(worker.prefill_timer)
+    for slot, max_new_tokens in ((0, 2), (1, 1), (2, 3)):
+        request_in(slot, max_new_tokens)
+    decode(worker, [0, 1])  # speculation cannot shorten either: plain, policy not asked
+    decode(worker, [0, 2])  # slot 2 has more to decode: the policy's speculation
+    assert worker._plain_step.runs == [2]
+    assert worker.counters.plain_steps == 1 and worker.counters.speculative_steps == 1
+    assert asked == [2]
+
+
+def test_without_deferral_the_policy_decides_every_decode_step(worker) -> None:
+    request_in(0, max_new_tokens=2)
+    decode(worker, [0])
+    assert worker.counters.speculative_steps == 1
+
+
 def test_a_prefill_in_plain_mode_stashes_the_window(worker) -> None:
     deferred = FakeDeferredPrefill(worker.prefill_timer)
     worker._deferred_prefill = deferred

@@ -21,7 +21,8 @@ shorten it and its draft KV is never read, except through the radix cache: a lat
 that shares its prompt's prefix reads that prefix's stale draft KV, as after any deferred
 prefill (the target still verifies every token). In a speculative step its rows propose from the
 stub: :class:`StubProposals` keeps their verifications out of the policy's acceptance
-estimate (the mode counters count them).
+estimate (the mode counters count them). A decode batch of such requests alone runs plain
+without asking the policy: every one of them finishes in that step.
 
 Off by default: what it costs in acceptance has not been measured on a GPU yet.
 """
@@ -74,7 +75,8 @@ def can_defer(batch: ScheduleBatch) -> bool:
 
 
 def decode_at_most_once(batch: ScheduleBatch) -> bool:
-    """Every request of the batch finishes within one decode step after its prefill."""
+    """Every request of the batch finishes within one decode step after its prefill (of a
+    decode batch: in this step)."""
     return all(
         request.sampling_params.max_new_tokens is not None
         and request.sampling_params.max_new_tokens <= MAX_TOKENS_THAT_CANNOT_SPECULATE

@@ -283,7 +283,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         batch_size = batch.batch_size()
         if self._deferred_prefill is not None:
             self._running.decoded(batch.reqs)
-        mode = self._decide(batch_size)
+        mode = self._mode_of(batch)
         with self.host_syncs.watch(mode.value):
             if mode is DecodeMode.PLAIN:
                 result = self._plain_step.run(batch, on_publish)
@@ -333,6 +333,14 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         return self._deferred_prefill.window if self._policy.expects_plain(joined) else None
 
     # -- decode steps ----------------------------------------------------
+
+    def _mode_of(self, batch: ScheduleBatch) -> DecodeMode:
+        """Plain for a batch whose requests all finish in this step (with the deferral on:
+        speculation cannot shorten them, and their prefills ran no draft), without asking the
+        policy; else the policy's decision."""
+        if self._deferred_prefill is not None and decode_at_most_once(batch):
+            return DecodeMode.PLAIN
+        return self._decide(batch.batch_size())
 
     def _decide(self, batch_size: int) -> DecodeMode:
         previous = self._policy.mode
