@@ -409,6 +409,17 @@ def test_with_deferral_a_batch_of_requests_that_finish_in_this_step_decodes_plai
     assert asked == [2]
 
 
+def test_a_step_the_policy_did_not_decide_asks_no_cost_refresh(worker) -> None:
+    """The policy's ask for fresh costs stands until its next decision: steps it does not
+    decide must not refresh the cost table each time."""
+    worker._deferred_prefill = FakeDeferredPrefill(worker.prefill_timer)
+    worker._policy.wants_fresh_costs = lambda: True
+    request_in(0, max_new_tokens=2)
+    decode(worker, [0])
+    decode(worker, [1])
+    assert worker._costs.refreshes_asked == [False, True]
+
+
 def test_without_deferral_the_policy_decides_every_decode_step(worker) -> None:
     request_in(0, max_new_tokens=2)
     decode(worker, [0])

@@ -283,7 +283,9 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         batch_size = batch.batch_size()
         if self._deferred_prefill is not None:
             self._running.decoded(batch.reqs)
-        mode = self._mode_of(batch)
+        finishing = self._deferred_prefill is not None and decode_at_most_once(batch)
+        # Speculation cannot shorten requests that all finish in this step: plain, unasked.
+        mode = DecodeMode.PLAIN if finishing else self._decide(batch_size)
         with self.host_syncs.watch(mode.value):
             if mode is DecodeMode.PLAIN:
                 result = self._plain_step.run(batch, on_publish)
@@ -294,7 +296,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self.counters.record_step(mode, batch_size, ran_graph=bool(result.can_run_cuda_graph))
         if self._deferred_prefill is not None and mode is DecodeMode.SPECULATIVE:
             self._stub_proposals.speculative_step(batch.reqs)
-        self._measure(mode, batch_size)
+        self._measure(mode, batch_size, refresh=not finishing and self._policy.wants_fresh_costs())
         return result
 
     def _prefill(
@@ -334,14 +336,6 @@ class DynamicEagleWorker(EAGLEWorkerV2):
 
     # -- decode steps ----------------------------------------------------
 
-    def _mode_of(self, batch: ScheduleBatch) -> DecodeMode:
-        """Plain for a batch whose requests all finish in this step (with the deferral on:
-        speculation cannot shorten them, and their prefills ran no draft), without asking the
-        policy; else the policy's decision."""
-        if self._deferred_prefill is not None and decode_at_most_once(batch):
-            return DecodeMode.PLAIN
-        return self._decide(batch.batch_size())
-
     def _decide(self, batch_size: int) -> DecodeMode:
         previous = self._policy.mode
         observation = StepObservation(batch_size, self._costs.table, self.acceptance.value)
@@ -362,9 +356,11 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         for catchup_ms in self._catchup.gpu_time.finished():
             self._costs.add_catchup(catchup_ms)
 
-    def _measure(self, mode: DecodeMode, batch_size: int) -> None:
+    def _measure(self, mode: DecodeMode, batch_size: int, refresh: bool) -> None:
+        """``refresh``: the policy asked for fresh costs at the step it decided (only its next
+        decision clears the ask)."""
         self._harvest_catchup_timings()
-        if self._costs.step_done(mode, batch_size, refresh=self._policy.wants_fresh_costs()):
+        if self._costs.step_done(mode, batch_size, refresh=refresh):
             self._log_crossover_change()
 
     def _log_crossover_change(self) -> None:
@@ -383,7 +379,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
 
     @property
     def mode(self) -> DecodeMode:
-        """The mode of the latest decode step (speculative before the first one)."""
+        """The policy's mode: that of the latest decode step it decided (speculative before
+        the first one); a batch whose requests all finish in their step runs plain without it."""
         return self._policy.mode
 
     def crossover_batch(self) -> int:
