@@ -15,7 +15,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_dynamic_eagle.auto_policy import AcceptanceEstimate
 from sglang_dynamic_eagle.counters import ModeCounters
-from sglang_dynamic_eagle.deferred_draft_prefill import RunningRequests, StubProposals
+from sglang_dynamic_eagle.deferred_draft_prefill import DeferredDraftPrefill, NoDeferral
 from sglang_dynamic_eagle.draft_catchup import CatchupPlan, batch_req_pool_indices
 from sglang_dynamic_eagle.host_syncs import HostSyncCounter
 from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy, ThresholdPolicyConfig
@@ -134,9 +134,7 @@ def worker(monkeypatch):
     instance._policy = ThresholdPolicy(ThresholdPolicyConfig(2, 2, 1, 48))
     instance._catchup = catchup
     instance._plain_step = FakePlainStep(catchup)
-    instance._deferred_prefill = None
-    instance._running = RunningRequests()
-    instance._stub_proposals = StubProposals()
+    instance._deferral = NoDeferral()
     instance._costs = FakeCosts()
     instance.prefill_timer = FakePrefillTimer()
     instance.host_syncs = HostSyncCounter(enabled=False)
@@ -290,14 +288,15 @@ def test_the_cost_table_is_refreshed_when_the_policy_asks(worker) -> None:
     assert worker._costs.refreshes_asked == [False, True, False]
 
 
-@dataclass
-class FakeDeferredPrefill:
-    """Records the prefills it ran, publishing like the target half of EAGLE's prefill."""
+class RecordingDeferral(DeferredDraftPrefill):
+    """The deferral's decisions, with a run that records the prefills it was given and
+    publishes like the target half of EAGLE's prefill."""
 
-    timer: FakePrefillTimer
-    ran: List[List[int]] = field(default_factory=list)
-    windows: List[int] = field(default_factory=list)
-    window: int = 64
+    def __init__(self, timer: FakePrefillTimer) -> None:
+        super().__init__(target_worker=None, catchup=None, plain_step=None, window=64)
+        self.timer = timer
+        self.ran: List[List[int]] = []
+        self.windows: List[int] = []
 
     def run(self, batch, on_publish, window):
         self.timer.calls.append("target extend")
@@ -308,8 +307,8 @@ class FakeDeferredPrefill:
 
 
 def test_with_deferral_a_prefill_in_plain_mode_runs_the_target_alone(worker) -> None:
-    deferred = FakeDeferredPrefill(worker.prefill_timer)
-    worker._deferred_prefill = deferred
+    deferred = RecordingDeferral(worker.prefill_timer)
+    worker._deferral = deferred
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [0]))  # before any decode
     decode(worker, [0, 1, 2])  # above N = 2 with patience 1: plain
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3, 4]))
@@ -331,8 +330,8 @@ def test_without_deferral_a_prefill_in_plain_mode_takes_eagles_path(worker) -> N
 
 
 def test_a_prefill_that_joins_a_batch_small_enough_to_speculate_is_not_deferred(worker) -> None:
-    deferred = FakeDeferredPrefill(worker.prefill_timer)
-    worker._deferred_prefill = deferred
+    deferred = RecordingDeferral(worker.prefill_timer)
+    worker._deferral = deferred
     worker._policy = ThresholdPolicy(ThresholdPolicyConfig(2, 2, 2, 48))
     for _ in range(2):
         decode(worker, [0, 1, 2])  # plain after a patience of 2
@@ -346,8 +345,8 @@ def test_a_prefill_that_joins_a_batch_small_enough_to_speculate_is_not_deferred(
 def test_the_joined_batch_counts_prefills_since_the_last_decode_and_not_finished_requests(
     worker,
 ) -> None:
-    deferred = FakeDeferredPrefill(worker.prefill_timer)
-    worker._deferred_prefill = deferred
+    deferred = RecordingDeferral(worker.prefill_timer)
+    worker._deferral = deferred
     decode(worker, [0, 1, 2])  # plain
     FINISHED.update({0, 1, 2})
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3]))  # 1 <= M = 2
@@ -356,8 +355,8 @@ def test_the_joined_batch_counts_prefills_since_the_last_decode_and_not_finished
 
 
 def test_from_speculation_only_a_batch_above_the_graph_limit_defers(worker) -> None:
-    deferred = FakeDeferredPrefill(worker.prefill_timer)
-    worker._deferred_prefill = deferred
+    deferred = RecordingDeferral(worker.prefill_timer)
+    worker._deferral = deferred
     decode(worker, [0])  # speculative
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, range(1, 11)))  # 11 > N
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, range(11, 51)))  # 51 > 48
@@ -367,8 +366,8 @@ def test_from_speculation_only_a_batch_above_the_graph_limit_defers(worker) -> N
 def test_while_speculating_a_prefill_of_requests_that_decode_once_defers_and_stashes_nothing(
     worker,
 ) -> None:
-    deferred = FakeDeferredPrefill(worker.prefill_timer)
-    worker._deferred_prefill = deferred
+    deferred = RecordingDeferral(worker.prefill_timer)
+    worker._deferral = deferred
     decode(worker, [0])  # speculative
     for slot, max_new_tokens in ((1, 2), (2, 1), (3, 3)):
         request_in(slot, max_new_tokens)
@@ -381,7 +380,7 @@ def test_while_speculating_a_prefill_of_requests_that_decode_once_defers_and_sta
 def test_stub_proposals_stay_out_of_the_acceptance_estimate(worker) -> None:
     """Slot 1 asked for two tokens, its prefill stashed nothing: in the speculative step that
     follows it proposes from the stub, and only slot 0's verification is an acceptance."""
-    worker._deferred_prefill = FakeDeferredPrefill(worker.prefill_timer)
+    worker._deferral = RecordingDeferral(worker.prefill_timer)
     decode(worker, [0])  # speculative
     request_in(1, max_new_tokens=2)
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [1]))
@@ -399,7 +398,7 @@ def test_with_deferral_a_batch_of_requests_that_finish_in_this_step_decodes_plai
     decide = worker._policy.decide
     worker._policy.decide = lambda observation: asked.append(observation.batch_size) or decide(
         observation)
-    worker._deferred_prefill = FakeDeferredPrefill(worker.prefill_timer)
+    worker._deferral = RecordingDeferral(worker.prefill_timer)
     for slot, max_new_tokens in ((0, 2), (1, 1), (2, 3)):
         request_in(slot, max_new_tokens)
     decode(worker, [0, 1])  # speculation cannot shorten either: plain, policy not asked
@@ -412,7 +411,7 @@ def test_with_deferral_a_batch_of_requests_that_finish_in_this_step_decodes_plai
 def test_a_step_the_policy_did_not_decide_asks_no_cost_refresh(worker) -> None:
     """The policy's ask for fresh costs stands until its next decision: steps it does not
     decide must not refresh the cost table each time."""
-    worker._deferred_prefill = FakeDeferredPrefill(worker.prefill_timer)
+    worker._deferral = RecordingDeferral(worker.prefill_timer)
     worker._policy.wants_fresh_costs = lambda: True
     request_in(0, max_new_tokens=2)
     decode(worker, [0])
@@ -427,8 +426,8 @@ def test_without_deferral_the_policy_decides_every_decode_step(worker) -> None:
 
 
 def test_a_prefill_in_plain_mode_stashes_the_window(worker) -> None:
-    deferred = FakeDeferredPrefill(worker.prefill_timer)
-    worker._deferred_prefill = deferred
+    deferred = RecordingDeferral(worker.prefill_timer)
+    worker._deferral = deferred
     decode(worker, [0, 1, 2])  # plain
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3, 4]))
     assert deferred.windows == [64]
@@ -447,7 +446,7 @@ def test_the_policy_is_asked_with_the_measured_costs_and_acceptance(worker) -> N
             return False
 
     worker._policy = AskedPolicy()
-    worker._deferred_prefill = FakeDeferredPrefill(worker.prefill_timer)
+    worker._deferral = RecordingDeferral(worker.prefill_timer)
     worker._costs.table = "the cost table"
     worker.acceptance.add_step([2, 2], 1)
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [0, 1]))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from typing import TYPE_CHECKING, Deque, Dict, FrozenSet, Iterable, List, Sequence
+from typing import TYPE_CHECKING, Callable, Deque, Dict, FrozenSet, Iterable, List, Optional, Sequence
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -132,8 +132,37 @@ class StubProposals:
         return [count for row, count in enumerate(num_correct_drafts_per_req) if row not in rows]
 
 
-class DeferredDraftPrefill:
-    """The target-only prefill of one worker, and what it has deferred."""
+class NoDeferral:
+    """The deferral off: what the worker asks of a deferral, answered so that every prefill
+    runs the draft extend and the policy decides every decode step."""
+
+    def window_for(self, batch: ScheduleBatch, expects_plain: Callable[[int], bool]) -> Optional[int]:
+        """Positions per request the prefill leaves to the catch-up instead of running the
+        draft extend; None: it runs the draft extend. ``expects_plain(n)``: whether the
+        policy expects a batch of n requests to decode plainly."""
+        return None
+
+    def decoded(self, batch: ScheduleBatch) -> None:
+        """Every decode step, before it runs."""
+
+    def finishes_in_step(self, batch: ScheduleBatch) -> bool:
+        """A decode batch to run plain without asking the policy."""
+        return False
+
+    def speculative_step(self, batch: ScheduleBatch) -> None:
+        """Every speculative step, at launch."""
+
+    def drafted(self, num_correct_drafts_per_req: Sequence[int]) -> Sequence[int]:
+        """A speculative step's accepted drafts per request that measure the draft."""
+        return num_correct_drafts_per_req
+
+    def report(self) -> Dict[str, int]:
+        return {}
+
+
+class DeferredDraftPrefill(NoDeferral):
+    """The target-only prefill of one worker, which prefills take it, and what it has
+    deferred."""
 
     def __init__(
         self,
@@ -149,6 +178,30 @@ class DeferredDraftPrefill:
         self.batches = 0
         self.tokens = 0
         self.unstashed_batches = 0
+        self._running = RunningRequests()
+        self._stub_proposals = StubProposals()
+
+    def window_for(self, batch: ScheduleBatch, expects_plain: Callable[[int], bool]) -> Optional[int]:
+        self._running.prefilled(batch.reqs)
+        if not can_defer(batch):
+            return None
+        if decode_at_most_once(batch):
+            self._stub_proposals.prefilled(batch.reqs)
+            return 0
+        return self.window if expects_plain(self._running.count()) else None
+
+    def decoded(self, batch: ScheduleBatch) -> None:
+        self._running.decoded(batch.reqs)
+
+    def finishes_in_step(self, batch: ScheduleBatch) -> bool:
+        # Speculation cannot shorten requests that all finish in this step.
+        return decode_at_most_once(batch)
+
+    def speculative_step(self, batch: ScheduleBatch) -> None:
+        self._stub_proposals.speculative_step(batch.reqs)
+
+    def drafted(self, num_correct_drafts_per_req: Sequence[int]) -> Sequence[int]:
+        return self._stub_proposals.drafted(num_correct_drafts_per_req)
 
     def run(self, batch: ScheduleBatch, on_publish, window: int) -> GenerationBatchResult:
         """The target extend of EAGLE-3's prefill, then a stash of each request's last

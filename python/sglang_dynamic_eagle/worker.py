@@ -42,10 +42,7 @@ from sglang_dynamic_eagle.cost_model import (
 from sglang_dynamic_eagle.counters import ModeCounters
 from sglang_dynamic_eagle.deferred_draft_prefill import (
     DeferredDraftPrefill,
-    RunningRequests,
-    StubProposals,
-    can_defer,
-    decode_at_most_once,
+    NoDeferral,
     deferred_prefill_window,
 )
 from sglang_dynamic_eagle.draft_catchup import (
@@ -93,9 +90,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._plain_graphs: Optional[PlainDecodeGraphs] = None
         self._plain_step: Optional[PlainDecodeStep] = None
         self._catchup: Optional[DraftCatchup] = None
-        self._deferred_prefill: Optional[DeferredDraftPrefill] = None
-        self._running = RunningRequests()
-        self._stub_proposals = StubProposals()
+        self._deferral: NoDeferral = NoDeferral()
         self._costs: Optional[DecodeCostTracker] = None
         self._crossover_log = CrossoverLogGate()
         self._last_step_plain = False
@@ -120,7 +115,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         )
         window = deferred_prefill_window()
         if window:
-            self._deferred_prefill = DeferredDraftPrefill(
+            self._deferral = DeferredDraftPrefill(
                 self._target_worker, self._catchup, self._plain_step, window
             )
         max_speculative_batch = self._speculative_graph_max_bs()
@@ -261,9 +256,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
     ) -> None:
         if self.counters.record_result(num_correct_drafts_per_req) is DecodeMode.SPECULATIVE:
             decode_steps = self.counters.speculative_steps + self.counters.plain_steps
-            drafted = (num_correct_drafts_per_req if self._deferred_prefill is None
-                       else self._stub_proposals.drafted(num_correct_drafts_per_req))
-            self.acceptance.add_step(drafted, decode_steps)
+            self.acceptance.add_step(self._deferral.drafted(num_correct_drafts_per_req),
+                                     decode_steps)
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
 
     def forward_batch_generation(
@@ -281,10 +275,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             return super().forward_batch_generation(batch, on_publish, grammar_barrier)
 
         batch_size = batch.batch_size()
-        if self._deferred_prefill is not None:
-            self._running.decoded(batch.reqs)
-        finishing = self._deferred_prefill is not None and decode_at_most_once(batch)
-        # Speculation cannot shorten requests that all finish in this step: plain, unasked.
+        self._deferral.decoded(batch)
+        finishing = self._deferral.finishes_in_step(batch)
         mode = DecodeMode.PLAIN if finishing else self._decide(batch_size)
         with self.host_syncs.watch(mode.value):
             if mode is DecodeMode.PLAIN:
@@ -294,8 +286,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
                 result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
         self._last_step_plain = mode is DecodeMode.PLAIN
         self.counters.record_step(mode, batch_size, ran_graph=bool(result.can_run_cuda_graph))
-        if self._deferred_prefill is not None and mode is DecodeMode.SPECULATIVE:
-            self._stub_proposals.speculative_step(batch.reqs)
+        if mode is DecodeMode.SPECULATIVE:
+            self._deferral.speculative_step(batch)
         self._measure(mode, batch_size, refresh=not finishing and self._policy.wants_fresh_costs())
         return result
 
@@ -312,27 +304,17 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             if on_publish is not None:
                 on_publish(new_seq_lens)
 
-        window = self._deferral_window(batch)
+        window = self._deferral.window_for(batch, self._expects_plain)
         if window is None:
             result = super().forward_batch_generation(batch, publish, grammar_barrier)
         else:
-            result = self._deferred_prefill.run(batch, publish, window)
+            result = self._deferral.run(batch, publish, window)
         self.prefill_timer.stop(events)
         return result
 
-    def _deferral_window(self, batch: ScheduleBatch) -> Optional[int]:
-        """Positions per request the prefill leaves to the catch-up instead of running the
-        draft extend; None: it runs the draft extend."""
-        if self._deferred_prefill is None:
-            return None
-        self._running.prefilled(batch.reqs)
-        if not can_defer(batch):
-            return None
-        if decode_at_most_once(batch):
-            self._stub_proposals.prefilled(batch.reqs)
-            return 0
-        joined = StepObservation(self._running.count(), self._costs.table, self.acceptance.value)
-        return self._deferred_prefill.window if self._policy.expects_plain(joined) else None
+    def _expects_plain(self, batch_size: int) -> bool:
+        return self._policy.expects_plain(
+            StepObservation(batch_size, self._costs.table, self.acceptance.value))
 
     # -- decode steps ----------------------------------------------------
 
@@ -413,7 +395,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             "catchup_stash_mib": round(self._catchup.stash_bytes / 2**20, 1),
             "draft_prefill": "last-position" if self._last_position_draft_mlp else "full",
             **self.prefill_timer.report(),
-            **(self._deferred_prefill.report() if self._deferred_prefill is not None else {}),
+            **self._deferral.report(),
             **({"host_syncs": self.host_syncs.report()} if self.host_syncs.enabled else {}),
         }
 
