@@ -1,4 +1,4 @@
-"""Prefill in plain mode without the draft's prefill: its draft KV is left to the catch-up.
+"""Prefill without the draft's prefill: its draft KV is left to the catch-up, or never read.
 
 When the prefilled requests will decode plainly, a prefill's draft extend (about 2% of the
 target's prefill GPU time with the 8B-shaped model, 2026-12-01) writes draft KV that only a
@@ -126,9 +126,11 @@ class StubProposals:
             row for row, request in enumerate(requests) if id(request) in self._requests
         ) if self._requests else frozenset())
 
-    def drafted(self, num_correct_drafts_per_req: Sequence[int]) -> List[int]:
+    def drafted(self, num_correct_drafts_per_req: Sequence[int]) -> Sequence[int]:
         """The oldest pending speculative step's accepted drafts, less the stub rows'."""
         rows = self._pending_rows.popleft() if self._pending_rows else frozenset()
+        if not rows:
+            return num_correct_drafts_per_req
         return [count for row, count in enumerate(num_correct_drafts_per_req) if row not in rows]
 
 

@@ -13,9 +13,11 @@ After the step it hands the step's end to the cost tracker (``step_costs``), and
 to the acceptance estimate. Prefill batches take EAGLE-3's path (target extend + draft
 extend), so new requests start with a correct draft context in either mode; the draft extend
 runs the draft's output projection and MLP only at each request's last position
-(``draft_prefill``), and ``prefill_timing`` measures both parts. Optionally, a prefill whose
-requests join a batch the policy expects to decode plainly runs the target extend alone and
-leaves the draft KV to the catch-up (``deferred_draft_prefill``).
+(``draft_prefill``), and ``prefill_timing`` measures both parts. Optionally
+(``deferred_draft_prefill``), a prefill whose requests join a batch the policy expects to
+decode plainly runs the target extend alone and leaves the draft KV to the catch-up, a
+prefill of requests that ask for at most two tokens skips the draft in either mode, and a
+decode batch of such requests alone runs plain without asking the policy.
 """
 
 from __future__ import annotations
