@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator, List
+from typing import Iterable, Iterator, List
 
 import pytest
 
@@ -40,42 +40,53 @@ def eval_set() -> dict:
     return json.loads(path.read_text())
 
 
+# Each tiny server holds a KV pool of this many tokens (the capacity test's 128 requests of at
+# most 500 positions need 64 000) and leaves the rest of the GPU to the others, so that the
+# servers a run uses start together instead of each sizing its pools from what the ones before
+# it left free.
+TINY_KV_TOKENS = 131072
+TINY_MEMORY_ARGS = ["--mem-fraction-static", "0.9", "--max-total-tokens", str(TINY_KV_TOKENS)]
+SERVERS_MARKER = "uses_tiny_servers"
+
+
+def tiny_servers_used_by(items: Iterable[pytest.Item]) -> List[str]:
+    """The tiny servers that the selected tests name in their ``uses_tiny_servers`` markers."""
+    names: List[str] = []
+    for item in items:
+        for marker in item.iter_markers(SERVERS_MARKER):
+            names += [name for name in marker.args if name not in names]
+    return names
+
+
 @pytest.fixture(scope="session")
-def tiny_servers() -> Iterator[LazyServers]:
+def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
     """Plain, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds, and automatic) servers of the tiny
     trained pair, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds) with a tree of topk 4, and the
     catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1), and
     EAGLE3_DYNAMIC with plain-mode prefills deferring the draft's prefill (and its negative
-    control, which leaves one prompt position to the catch-up). Each starts
-    when a test first uses it, so a run of some of the tests starts only the servers they use
-    (the seven together take several minutes to start)."""
+    control, which leaves one prompt position to the catch-up). The servers that the selected
+    tests name in their ``uses_tiny_servers`` markers start together before the first of them
+    runs (one at a time, the nine take several minutes); any other starts when a test first
+    uses it."""
     common, draft = tiny_pair_args()
+    common = common + TINY_MEMORY_ARGS
     tree_draft = ["--speculative-draft-model-path", str(TINY_PAIR / "draft"), *TREE_SHAPE]
-    # Started one after the other: each sizes its pools from the memory left free.
     specs = {
-        "tiny_plain": common + ["--mem-fraction-static", "0.25"],
-        "tiny_eagle3": common + ["--mem-fraction-static", "0.35",
-                                 "--speculative-algorithm", "EAGLE3", *draft],
-        "tiny_dynamic": common + ["--mem-fraction-static", "0.5",
-                                  "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
+        "tiny_plain": common,
+        "tiny_eagle3": common + ["--speculative-algorithm", "EAGLE3", *draft],
+        "tiny_dynamic": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                   *FIXED_THRESHOLD_FLAGS],
-        "tiny_dynamic_auto": common + ["--mem-fraction-static", "0.5",
-                                       "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft],
-        "tiny_eagle3_tree": common + ["--mem-fraction-static", "0.5",
-                                      "--speculative-algorithm", "EAGLE3", *tree_draft],
-        "tiny_dynamic_tree": common + ["--mem-fraction-static", "0.5",
-                                       "--speculative-algorithm", "EAGLE3_DYNAMIC", *tree_draft,
+        "tiny_dynamic_auto": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft],
+        "tiny_eagle3_tree": common + ["--speculative-algorithm", "EAGLE3", *tree_draft],
+        "tiny_dynamic_tree": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *tree_draft,
                                        *FIXED_THRESHOLD_FLAGS],
         # Negative control of the catch-up test: it catches up one position per request.
-        "tiny_dynamic_window1": common + ["--mem-fraction-static", "0.5",
-                                          "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
+        "tiny_dynamic_window1": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                           *FIXED_THRESHOLD_FLAGS],
-        "tiny_dynamic_deferred": common + ["--mem-fraction-static", "0.5",
-                                           "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
+        "tiny_dynamic_deferred": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                            *FIXED_THRESHOLD_FLAGS],
         # Negative control of the deferred-prefill test: one prompt position caught up.
-        "tiny_dynamic_deferred_w1": common + ["--mem-fraction-static", "0.5",
-                                              "--speculative-algorithm", "EAGLE3_DYNAMIC",
+        "tiny_dynamic_deferred_w1": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC",
                                               *draft, *FIXED_THRESHOLD_FLAGS],
     }
     env = {**tiny_pair_server_env(), EXPERIMENTAL_TREES_ENV: "1"}
@@ -86,6 +97,7 @@ def tiny_servers() -> Iterator[LazyServers]:
     }
     servers = LazyServers(specs, env=env, server_envs=server_envs)
     try:
+        servers.start(tiny_servers_used_by(request.session.items))
         yield servers
     finally:
         servers.stop_all()

@@ -197,12 +197,18 @@ class LazyServers:
         self._started: Dict[str, Server] = {}
 
     def __getitem__(self, name: str) -> Server:
-        if name not in self._started:
-            server = start_server(name, self._specs[name],
-                                  {**self._env, **self._server_envs.get(name, {})})
-            self._started[name] = server
-            wait_healthy(server)
+        self.start([name])
         return self._started[name]
+
+    def start(self, names: Sequence[str]) -> None:
+        """Starts those of the named servers that do not run yet, all at once, and waits until
+        each is healthy (their specs must not size memory from what the others leave free)."""
+        starting = [name for name in dict.fromkeys(names) if name not in self._started]
+        for name in starting:
+            self._started[name] = start_server(name, self._specs[name],
+                                               {**self._env, **self._server_envs.get(name, {})})
+        for name in starting:
+            wait_healthy(self._started[name])
 
     def stop(self, name: str) -> None:
         """Stops one server if it runs, freeing its GPU memory for the next start."""

@@ -52,6 +52,13 @@ MAX_ACCEPTANCE_LOSS = 0.10
 # Tokens per verify that a full catch-up must gain over a window of 1 (an independent run with
 # a shorter plain stretch measured 3.12 against 2.70).
 MIN_CATCHUP_GAIN = 0.15
+# The deferred-prefill test's targets: the eval set's longest prompts (100 tokens, within the
+# deferred window), sent after the fillers so that their prefill joins a batch expected to
+# decode plainly. The fillers finish after a few plain steps, so when the targets speculate
+# their prompts are almost all of their context, and stale prompt draft KV shows in acceptance.
+DEFERRED_TARGETS = slice(48, 48 + CATCHUP_TARGETS)
+DEFERRED_FILLER_TOKENS = 6
+DEFERRED_TARGET_TOKENS = 40
 SHARED_PREFIX_LOAD = 12  # requests that prefill the shared prefix under load
 SHARED_PREFIX_LONE = 8  # lone requests that reuse it
 TWO_TOKEN_REQUESTS = 24  # sent one after another beside the long ones
@@ -79,6 +86,12 @@ DRAFT_SHAPES = {
     "chain": ("tiny_eagle3", "tiny_dynamic"),
     "tree": ("tiny_eagle3_tree", "tiny_dynamic_tree"),
 }
+
+
+def shape_params() -> List:
+    """The draft shapes, each marked with the servers its tests use."""
+    return [pytest.param(shape, marks=pytest.mark.uses_tiny_servers("tiny_plain", *names))
+            for shape, names in DRAFT_SHAPES.items()]
 
 
 def send(
@@ -114,7 +127,7 @@ def spec_acceptance(before: Dict, after: Dict) -> float:
     return accepted / verified if verified else 0.0
 
 
-@pytest.mark.parametrize("shape", list(DRAFT_SHAPES))
+@pytest.mark.parametrize("shape", shape_params())
 def test_lossless_across_switches(tiny_servers, eval_set, shape):
     eagle3_name, dynamic_name = DRAFT_SHAPES[shape]
     prompts = eval_set["prompts"]
@@ -182,16 +195,18 @@ def verified_acceptance(outputs: Sequence[dict]) -> float:
     )
 
 
-def eagle3_acceptance_of_targets(server, eval_set) -> float:
-    targets = eval_set["prompts"][:CATCHUP_TARGETS]
+def eagle3_acceptance_of(server, targets: Sequence[Dict], max_new_tokens: int) -> float:
+    """Tokens per verify of the targets sent together to an EAGLE3 server."""
     return verified_acceptance(
-        send(server, targets, [CATCHUP_TARGET_TOKENS] * len(targets), len(targets)))
+        send(server, targets, [max_new_tokens] * len(targets), len(targets)))
 
 
-@pytest.mark.parametrize("shape", list(DRAFT_SHAPES))
+@pytest.mark.parametrize("shape", shape_params())
 def test_acceptance_recovers_after_plain_stretch(tiny_servers, eval_set, shape):
     eagle3_name, dynamic_name = DRAFT_SHAPES[shape]
-    eagle3_acceptance = eagle3_acceptance_of_targets(tiny_servers[eagle3_name], eval_set)
+    eagle3_acceptance = eagle3_acceptance_of(tiny_servers[eagle3_name],
+                                             eval_set["prompts"][:CATCHUP_TARGETS],
+                                             CATCHUP_TARGET_TOKENS)
     resumed = acceptance_after_plain_stretch(tiny_servers[dynamic_name], eval_set)
     print(f"catch-up ({shape}): EAGLE3 acceptance {eagle3_acceptance:.3f}, after a plain "
           f"stretch {resumed}")
@@ -199,6 +214,7 @@ def test_acceptance_recovers_after_plain_stretch(tiny_servers, eval_set, shape):
     assert resumed["acceptance"] >= (1 - MAX_ACCEPTANCE_LOSS) * eagle3_acceptance
 
 
+@pytest.mark.uses_tiny_servers("tiny_dynamic", "tiny_dynamic_window1")
 def test_catch_up_beats_a_window_of_one_control(tiny_servers, eval_set):
     """The negative control of the test above, in the same run: with a catch-up window of one
     position, the plainly decoded positions keep stale draft KV and acceptance must be clearly
@@ -210,13 +226,22 @@ def test_catch_up_beats_a_window_of_one_control(tiny_servers, eval_set):
     assert full["acceptance"] >= window1["acceptance"] + MIN_CATCHUP_GAIN
 
 
+def deferred_load(eval_set) -> Tuple[List[Dict], List[int], List[Dict]]:
+    """The fillers, then the targets (see DEFERRED_TARGETS): prompts, output lengths, targets."""
+    prompts = eval_set["prompts"]
+    fillers = prompts[CATCHUP_TARGETS:CATCHUP_TARGETS + CATCHUP_FILLERS]
+    targets = prompts[DEFERRED_TARGETS]
+    lengths = [DEFERRED_FILLER_TOKENS] * len(fillers) + [DEFERRED_TARGET_TOKENS] * len(targets)
+    return fillers + targets, lengths, targets
+
+
 def deferred_prefill_load(server, eval_set) -> Tuple[List[dict], Dict[str, float]]:
-    """The catch-up load on a server left plain first, so that its prefills are deferred:
-    outputs, acceptance of the speculative steps after the plain stretch, and what the
-    deferral and the catch-up did."""
+    """The deferred load on a server left plain first, so that its prefills are deferred:
+    outputs, acceptance of the speculative steps after the fillers finish (the targets'
+    alone), and what the deferral and the catch-up did."""
     leave_plain(server, eval_set)
     warmed = server.dynamic_counters()
-    load, lengths = catchup_load(eval_set)
+    load, lengths, _ = deferred_load(eval_set)
     outputs = send(server, load, lengths, len(load))
     after = server.dynamic_counters()
 
@@ -232,19 +257,23 @@ def deferred_prefill_load(server, eval_set) -> Tuple[List[dict], Dict[str, float
     }
 
 
+@pytest.mark.uses_tiny_servers("tiny_dynamic_deferred", "tiny_dynamic_deferred_w1", "tiny_plain",
+                               "tiny_eagle3")
 def test_deferred_draft_prefill_is_lossless_and_keeps_acceptance(tiny_servers, eval_set):
     """Prefills that join a batch expected to decode plainly (14 requests at once, above the
-    tiny server's thresholds) skip the draft's prefill and stash their last
-    positions; when the targets resume speculation, the catch-up rebuilds those with the
-    plainly decoded ones. With a window that covers the load's prompts: lossless against plain
-    decoding, acceptance after the return within the catch-up test's bar of always-on EAGLE3's.
-    Negative control in the same run: a window of one position leaves the prompts' draft KV
-    stale, and must score clearly lower."""
+    tiny server's thresholds) skip the draft's prefill and stash their last positions; when
+    the targets resume speculation a few positions later, the catch-up rebuilds those with
+    the plainly decoded ones. With a window that covers the targets' 100-token prompts:
+    lossless against plain decoding, acceptance after the return within the catch-up test's
+    bar of always-on EAGLE3's on the same targets. Negative control in the same run: a window
+    of one position leaves 99 of each target's prompt positions with stale draft KV, right
+    before the positions it speculates at, and must score clearly lower."""
     covered, covered_stats = deferred_prefill_load(tiny_servers["tiny_dynamic_deferred"], eval_set)
     _, window1_stats = deferred_prefill_load(tiny_servers["tiny_dynamic_deferred_w1"], eval_set)
-    load, lengths = catchup_load(eval_set)
+    load, lengths, targets = deferred_load(eval_set)
     plain = send(tiny_servers["tiny_plain"], load, lengths, len(load))
-    eagle3_acceptance = eagle3_acceptance_of_targets(tiny_servers["tiny_eagle3"], eval_set)
+    eagle3_acceptance = eagle3_acceptance_of(tiny_servers["tiny_eagle3"], targets,
+                                             DEFERRED_TARGET_TOKENS)
 
     differences = [
         (i, first_difference(d["output_ids"], p["output_ids"]))
@@ -284,6 +313,7 @@ def shared_prefix_load(server, eval_set) -> Tuple[List[dict], float]:
     return outputs, spec_acceptance(before, server.dynamic_counters())
 
 
+@pytest.mark.uses_tiny_servers("tiny_dynamic_deferred", "tiny_dynamic")
 def test_deferred_draft_prefill_of_a_shared_prefix_keeps_acceptance(tiny_servers, eval_set):
     """What stale prompt draft KV costs through the radix cache: a prefix first prefilled under
     load with the draft's prefill deferred, and finished in plain mode (no catch-up rebuilt
@@ -300,6 +330,7 @@ def test_deferred_draft_prefill_of_a_shared_prefix_keeps_acceptance(tiny_servers
     assert deferred_acceptance >= (1 - MAX_ACCEPTANCE_LOSS) * reference_acceptance
 
 
+@pytest.mark.uses_tiny_servers("tiny_dynamic_deferred", "tiny_plain")
 def test_deferred_two_token_requests_beside_speculating_ones(tiny_servers, eval_set):
     """Requests that ask for two tokens, sent one after another while long requests run one
     after another (a batch of at most 2, within the speculative threshold), skip the draft's
@@ -337,6 +368,7 @@ def test_deferred_two_token_requests_beside_speculating_ones(tiny_servers, eval_
     assert verified_acceptance(beside) >= (1 - MAX_ACCEPTANCE_LOSS) * verified_acceptance(alone)
 
 
+@pytest.mark.uses_tiny_servers("tiny_dynamic")
 def test_runs_more_than_48_requests_at_once(tiny_servers, eval_set):
     prompts = (eval_set["prompts"] * 2)[:CAPACITY_REQUESTS]
     dynamic_server = tiny_servers["tiny_dynamic"]
@@ -347,6 +379,7 @@ def test_runs_more_than_48_requests_at_once(tiny_servers, eval_set):
     assert counters["max_plain_batch"] > 48
 
 
+@pytest.mark.uses_tiny_servers("tiny_dynamic", "tiny_plain")
 def test_logprob_requests_in_both_modes(tiny_servers, eval_set):
     prompts = eval_set["prompts"][:LOGPROB_WAVE]
     lengths = [32] * len(prompts)
@@ -375,6 +408,7 @@ def test_logprob_requests_in_both_modes(tiny_servers, eval_set):
     assert worst < LOGPROB_TOLERANCE
 
 
+@pytest.mark.uses_tiny_servers("tiny_dynamic_auto", "tiny_plain")
 def test_automatic_policy_is_lossless_and_reports_its_decisions(tiny_servers, eval_set):
     prompts = eval_set["prompts"]
     lengths = mixed_lengths(len(prompts), seed=5)
@@ -439,6 +473,7 @@ def satisfies_constraint(output: dict, index: int) -> bool:
             and isinstance(value["size"], int) and len(value["name"]) <= 10)
 
 
+@pytest.mark.uses_tiny_servers("tiny_dynamic", "tiny_plain")
 def test_structured_output_is_lossless_across_switches(tiny_servers, eval_set):
     payloads = [grammar_payload(prompt, index)
                 for index, prompt in enumerate(eval_set["prompts"][:GRAMMAR_PROMPTS])]
