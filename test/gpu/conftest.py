@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Iterator, List
+from typing import Iterator, List
 
 import pytest
 
@@ -19,6 +19,7 @@ from gpu_servers import (
     TINY_PAIR,
     TREE_SHAPE,
     LazyServers,
+    servers_used_by,
     tiny_pair_args,
     tiny_pair_server_env,
 )
@@ -46,16 +47,6 @@ def eval_set() -> dict:
 # it left free.
 TINY_KV_TOKENS = 131072
 TINY_MEMORY_ARGS = ["--mem-fraction-static", "0.9", "--max-total-tokens", str(TINY_KV_TOKENS)]
-SERVERS_MARKER = "uses_tiny_servers"
-
-
-def tiny_servers_used_by(items: Iterable[pytest.Item]) -> List[str]:
-    """The tiny servers that the selected tests name in their ``uses_tiny_servers`` markers."""
-    names: List[str] = []
-    for item in items:
-        for marker in item.iter_markers(SERVERS_MARKER):
-            names += [name for name in marker.args if name not in names]
-    return names
 
 
 @pytest.fixture(scope="session")
@@ -64,10 +55,9 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
     trained pair, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds) with a tree of topk 4, and the
     catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1), and
     EAGLE3_DYNAMIC with plain-mode prefills deferring the draft's prefill (and its negative
-    control, which leaves one prompt position to the catch-up). The servers that the selected
-    tests name in their ``uses_tiny_servers`` markers start together before the first of them
-    runs (one at a time, the nine take several minutes); any other starts when a test first
-    uses it."""
+    control, which leaves one prompt position to the catch-up). Those that the selected tests
+    name in their ``uses_servers`` markers start together before the first of them runs (one
+    at a time, the nine take several minutes); any other starts when a test first uses it."""
     common, draft = tiny_pair_args()
     common = common + TINY_MEMORY_ARGS
     tree_draft = ["--speculative-draft-model-path", str(TINY_PAIR / "draft"), *TREE_SHAPE]
@@ -97,7 +87,7 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
     }
     servers = LazyServers(specs, env=env, server_envs=server_envs)
     try:
-        servers.start(tiny_servers_used_by(request.session.items))
+        servers.start(servers_used_by(request.session.items, specs))
         yield servers
     finally:
         servers.stop_all()

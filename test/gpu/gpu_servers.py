@@ -18,7 +18,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from token_comparison import TOP_LOGPROBS, bf16_flip_margin, compare_outputs, flip_allowance
 
@@ -179,6 +179,19 @@ TREE_SHAPE = [
     "--speculative-eagle-topk", "4",
     "--speculative-num-draft-tokens", "8",
 ]
+
+
+SERVERS_MARKER = "uses_servers"
+
+
+def servers_used_by(items: Iterable, specs: Dict[str, List[str]]) -> List[str]:
+    """Those of ``specs``' servers that the given tests name in their ``uses_servers``
+    markers, in the tests' order."""
+    names: List[str] = []
+    for item in items:
+        for marker in item.iter_markers(SERVERS_MARKER):
+            names += [name for name in marker.args if name in specs and name not in names]
+    return names
 
 
 class LazyServers:

@@ -10,9 +10,9 @@ server's second choice within 8 units in the last place of the top logits (the u
 the plain outputs' margins). A negative control (a server whose plain steps write their K/V one
 slot early, from the test plugin) must fail it.
 
-Servers start on first use, so a ``-k`` selection starts only what it needs; at most four run at
-once on one H200 (each KV pool capped by ``--max-total-tokens``; the negative control stops two
-before it starts its own).
+The four servers that the selected tests name start together (each KV pool capped by
+``--max-total-tokens``); the negative control stops two of them and starts its own, so at most
+four run at once on one H200 and a ``-k`` selection starts only what it needs.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from gpu_servers import (
     dummy_weights_env,
     make_prompts,
     send_in_waves,
+    servers_used_by,
 )
 from token_comparison import (
     TOP_LOGPROBS,
@@ -51,14 +52,19 @@ NUM_PROMPTS = 64
 WAVE_SIZE = 4
 
 
-# Each server's KV pool is capped (6 GiB of target KV) so that four fit beside each other in
-# whatever order they start; the largest load here (24 prompts of 1000 tokens) needs 24k tokens.
-MEMORY_FLAGS = ["--mem-fraction-static", "0.6", "--max-total-tokens", "49152"]
+# Each server's KV pool is capped (6 GiB of target KV; the largest load here, 24 prompts of
+# 1000 tokens, needs 24k tokens) and a server leaves a tenth of the memory free at its start
+# to activations, so that four (about 26 GB each) start together; the negative control's
+# server starts after two of them stop.
+MEMORY_FLAGS = ["--mem-fraction-static", "0.9", "--max-total-tokens", "49152"]
+SUITE_SERVERS = ("plain", "dynamic", "dynamic_auto", "eagle3")
+# The negative control names no servers: its own starts after two of these stop.
+suite_servers = pytest.mark.uses_servers(*SUITE_SERVERS)
 BREAK_PLAIN_STEP_ENV = "SGLANG_DE_TEST_BREAK_PLAIN_STEP"
 
 
 @pytest.fixture(scope="module")
-def servers(kit_models):
+def servers(request: pytest.FixtureRequest, kit_models):
     target, draft = dummy8b_args(kit_models)
     dynamic = ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft]
     specs = {
@@ -76,11 +82,13 @@ def servers(kit_models):
                      "dynamic_broken": {BREAK_PLAIN_STEP_ENV: "kv-slot"}},
     )
     try:
+        started.start(servers_used_by(request.session.items, specs))
         yield started
     finally:
         started.stop_all()
 
 
+@suite_servers
 def test_lossless_across_switches(servers):
     prompts = make_prompts(NUM_PROMPTS, seed=1)
     counters = assert_lossless_across_switches(
@@ -92,6 +100,7 @@ def test_lossless_across_switches(servers):
     assert counters["mismatched_results"] == 0
 
 
+@suite_servers
 def test_plain_mode_replays_plain_graphs(servers):
     counters = servers["dynamic"].dynamic_counters()
     print(f"plain graph steps {counters['plain_graph_steps']} of {counters['plain_steps']}")
@@ -99,6 +108,7 @@ def test_plain_mode_replays_plain_graphs(servers):
     assert counters["plain_graph_steps"] == counters["plain_steps"]
 
 
+@suite_servers
 def test_runs_more_than_48_requests_at_once(servers):
     prompts = make_prompts(128, seed=2)
     with ThreadPoolExecutor(max_workers=128) as pool:
@@ -112,6 +122,7 @@ def test_runs_more_than_48_requests_at_once(servers):
     assert counters["max_plain_batch"] > 48
 
 
+@suite_servers
 def test_logprob_requests_in_both_modes(servers):
     """Requests asking for logprobs get one per output token in either mode, and up to the
     first difference they match the plain server's within the bf16 flip margin."""
@@ -134,6 +145,7 @@ def test_logprob_requests_in_both_modes(servers):
             assert abs(dyn_logprob - plain_logprob) <= flip_margin
 
 
+@suite_servers
 def test_automatic_policy_measures_costs_and_stays_plain_without_acceptance(servers):
     """Dummy drafts are never accepted (acceptance 1.0), so speculation cannot pay at any
     batch size: the default policy must measure both modes' costs, leave speculation, report a
@@ -175,6 +187,7 @@ def post_generate_status(server, input_ids: List[int]) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
+@suite_servers
 def test_bad_token_ids_are_refused_while_the_load_is_served(servers, kit_models):
     """Token ids outside the vocabulary get HTTP 400 naming the id, in the middle of a load
     whose outputs still equal plain decoding's, and the server stays healthy."""
@@ -198,6 +211,7 @@ def test_bad_token_ids_are_refused_while_the_load_is_served(servers, kit_models)
     assert health == 200
 
 
+@suite_servers
 def test_prefills_and_plain_steps_do_not_wait_for_the_gpu(servers):
     """24 prompts of 1000 tokens at once: the prefill batches end in chunked requests, whose
     tail token sglang's EAGLE prefill wrote with a blocking copy (the host then waited for

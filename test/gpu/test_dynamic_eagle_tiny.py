@@ -97,7 +97,7 @@ DRAFT_SHAPES = {
 
 def shape_params() -> List:
     """The draft shapes, each marked with the servers its tests use."""
-    return [pytest.param(shape, marks=pytest.mark.uses_tiny_servers("tiny_plain", *names))
+    return [pytest.param(shape, marks=pytest.mark.uses_servers("tiny_plain", *names))
             for shape, names in DRAFT_SHAPES.items()]
 
 
@@ -221,7 +221,7 @@ def test_acceptance_recovers_after_plain_stretch(tiny_servers, eval_set, shape):
     assert resumed["acceptance"] >= (1 - MAX_ACCEPTANCE_LOSS) * eagle3_acceptance
 
 
-@pytest.mark.uses_tiny_servers("tiny_dynamic", "tiny_dynamic_window1")
+@pytest.mark.uses_servers("tiny_dynamic", "tiny_dynamic_window1")
 def test_catch_up_beats_a_window_of_one_control(tiny_servers, eval_set):
     """The negative control of the test above, in the same run: with a catch-up window of one
     position, the plainly decoded positions keep stale draft KV and acceptance must be clearly
@@ -284,7 +284,7 @@ DEFERRED_SERVERS = ("tiny_dynamic_deferred", "tiny_dynamic_deferred_w1", "tiny_p
                     "tiny_eagle3")
 
 
-@pytest.mark.uses_tiny_servers(*DEFERRED_SERVERS)
+@pytest.mark.uses_servers(*DEFERRED_SERVERS)
 def test_deferred_draft_prefill_is_lossless_and_keeps_acceptance(deferred_prefill_runs):
     """Prefills that join a batch expected to decode plainly (14 requests at once, above the
     tiny server's thresholds) skip the draft's prefill and stash their last positions; when
@@ -307,7 +307,7 @@ def test_deferred_draft_prefill_is_lossless_and_keeps_acceptance(deferred_prefil
     assert covered_stats["acceptance"] >= (1 - MAX_ACCEPTANCE_LOSS) * runs["eagle3_acceptance"]
 
 
-@pytest.mark.uses_tiny_servers(*DEFERRED_SERVERS)
+@pytest.mark.uses_servers(*DEFERRED_SERVERS)
 @pytest.mark.xfail(strict=True, reason=(
     "measured on one H200, 2026-12-02: window 128 2.147, window 1 2.028 tokens per verify "
     "(EAGLE3 2.108); the tiny pair's draft reads little of a stale 100-token prompt, so the "
@@ -361,7 +361,7 @@ def shared_prefix_load(server, eval_set) -> Tuple[List[dict], float, Dict[str, f
     return outputs, spec_acceptance(before, server.dynamic_counters()), prefills
 
 
-@pytest.mark.uses_tiny_servers("tiny_dynamic_deferred", "tiny_dynamic")
+@pytest.mark.uses_servers("tiny_dynamic_deferred", "tiny_dynamic")
 def test_deferred_draft_prefill_of_a_shared_prefix_keeps_acceptance(tiny_servers, eval_set):
     """What stale prompt draft KV costs through the radix cache: a prefix first prefilled under
     load with the draft's prefill deferred, and finished in plain mode (no catch-up rebuilt
@@ -384,7 +384,7 @@ def test_deferred_draft_prefill_of_a_shared_prefix_keeps_acceptance(tiny_servers
     assert deferred_acceptance >= (1 - MAX_ACCEPTANCE_LOSS) * reference_acceptance
 
 
-@pytest.mark.uses_tiny_servers("tiny_dynamic_deferred", "tiny_plain")
+@pytest.mark.uses_servers("tiny_dynamic_deferred", "tiny_plain")
 def test_deferred_two_token_requests_beside_speculating_ones(tiny_servers, eval_set):
     """Requests that ask for two tokens, sent one after another while long requests run one
     after another (a batch of at most 2, within the speculative threshold), skip the draft's
@@ -422,7 +422,7 @@ def test_deferred_two_token_requests_beside_speculating_ones(tiny_servers, eval_
     assert verified_acceptance(beside) >= (1 - MAX_ACCEPTANCE_LOSS) * verified_acceptance(alone)
 
 
-@pytest.mark.uses_tiny_servers("tiny_dynamic")
+@pytest.mark.uses_servers("tiny_dynamic")
 def test_runs_more_than_48_requests_at_once(tiny_servers, eval_set):
     prompts = (eval_set["prompts"] * 2)[:CAPACITY_REQUESTS]
     dynamic_server = tiny_servers["tiny_dynamic"]
@@ -433,7 +433,7 @@ def test_runs_more_than_48_requests_at_once(tiny_servers, eval_set):
     assert counters["max_plain_batch"] > 48
 
 
-@pytest.mark.uses_tiny_servers("tiny_dynamic", "tiny_plain")
+@pytest.mark.uses_servers("tiny_dynamic", "tiny_plain")
 def test_logprob_requests_in_both_modes(tiny_servers, eval_set):
     prompts = eval_set["prompts"][:LOGPROB_WAVE]
     lengths = [32] * len(prompts)
@@ -462,7 +462,7 @@ def test_logprob_requests_in_both_modes(tiny_servers, eval_set):
     assert worst < LOGPROB_TOLERANCE
 
 
-@pytest.mark.uses_tiny_servers("tiny_dynamic_auto", "tiny_plain")
+@pytest.mark.uses_servers("tiny_dynamic_auto", "tiny_plain")
 def test_automatic_policy_is_lossless_and_reports_its_decisions(tiny_servers, eval_set):
     prompts = eval_set["prompts"]
     lengths = mixed_lengths(len(prompts), seed=5)
@@ -527,7 +527,7 @@ def satisfies_constraint(output: dict, index: int) -> bool:
             and isinstance(value["size"], int) and len(value["name"]) <= 10)
 
 
-@pytest.mark.uses_tiny_servers("tiny_dynamic", "tiny_plain")
+@pytest.mark.uses_servers("tiny_dynamic", "tiny_plain")
 def test_structured_output_is_lossless_across_switches(tiny_servers, eval_set):
     payloads = [grammar_payload(prompt, index)
                 for index, prompt in enumerate(eval_set["prompts"][:GRAMMAR_PROMPTS])]

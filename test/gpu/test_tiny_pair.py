@@ -32,7 +32,7 @@ from gpu_servers import TINY_PAIR
 from gpu_servers import TINY_PAIR_DTYPE as DTYPE
 from token_comparison import TIE_MARGIN, first_difference, top2_margin
 
-pytestmark = [pytest.mark.gpu, pytest.mark.uses_tiny_servers("tiny_plain", "tiny_eagle3")]
+pytestmark = [pytest.mark.gpu, pytest.mark.uses_servers("tiny_plain", "tiny_eagle3")]
 
 MIN_ACCEPT_LENGTH = 2.0
 

@@ -1,0 +1,75 @@
+"""The GPU tests' server selection and start order (test/gpu/gpu_servers.py), without servers."""
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+
+GPU_TESTS = Path(__file__).parent / "gpu"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, GPU_TESTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+if "token_comparison" not in sys.modules:
+    _load("token_comparison")
+gpu_servers = _load("gpu_servers")
+
+
+class MarkedItem:
+    """What servers_used_by reads of a collected test: its markers."""
+
+    def __init__(self, *marks: pytest.MarkDecorator) -> None:
+        self._marks = [mark.mark for mark in marks]
+
+    def iter_markers(self, name: str):
+        return (mark for mark in self._marks if mark.name == name)
+
+
+SPECS = {name: [] for name in ("plain", "eagle3", "dynamic", "broken")}
+
+
+def test_servers_used_by_joins_the_markers_in_test_order_and_skips_other_modules_servers():
+    items = [
+        MarkedItem(pytest.mark.uses_servers("dynamic", "plain")),
+        MarkedItem(),
+        MarkedItem(pytest.mark.uses_servers("plain", "tiny_plain", "eagle3"),
+                   pytest.mark.gpu),
+    ]
+    assert gpu_servers.servers_used_by(items, SPECS) == ["dynamic", "plain", "eagle3"]
+
+
+def test_servers_used_by_reads_only_its_marker():
+    assert gpu_servers.servers_used_by([MarkedItem(pytest.mark.other("plain"))], SPECS) == []
+
+
+def test_start_launches_every_named_server_before_waiting_for_any(monkeypatch):
+    events: List[str] = []
+    monkeypatch.setattr(gpu_servers, "start_server",
+                        lambda name, args, env: events.append(f"start {name}") or name)
+    monkeypatch.setattr(gpu_servers, "wait_healthy",
+                        lambda server: events.append(f"wait {server}"))
+    servers = gpu_servers.LazyServers(SPECS)
+    servers.start(["plain", "dynamic", "plain"])
+    servers.start(["dynamic", "eagle3"])
+    assert servers["plain"] == "plain"
+    assert events == ["start plain", "start dynamic", "wait plain", "wait dynamic",
+                      "start eagle3", "wait eagle3"]
+
+
+def test_a_server_no_marker_named_starts_on_first_use(monkeypatch):
+    events: List[str] = []
+    monkeypatch.setattr(gpu_servers, "start_server",
+                        lambda name, args, env: events.append(f"start {name} {env}") or name)
+    monkeypatch.setattr(gpu_servers, "wait_healthy", lambda server: events.append("wait"))
+    servers = gpu_servers.LazyServers(SPECS, env={"A": "1"}, server_envs={"broken": {"B": "2"}})
+    assert servers["broken"] == "broken"
+    assert servers["broken"] == "broken"
+    assert events == ["start broken {'A': '1', 'B': '2'}", "wait"]
