@@ -47,7 +47,7 @@ def test_servers_used_by_joins_the_markers_in_test_order_and_skips_other_modules
 
 
 def test_servers_used_by_reads_only_its_marker():
-    assert gpu_servers.servers_used_by([MarkedItem(pytest.mark.other("plain"))], SPECS) == []
+    assert gpu_servers.servers_used_by([MarkedItem(pytest.mark.gpu("plain"))], SPECS) == []
 
 
 def test_start_launches_every_named_server_before_waiting_for_any(monkeypatch):
@@ -73,3 +73,24 @@ def test_a_server_no_marker_named_starts_on_first_use(monkeypatch):
     assert servers["broken"] == "broken"
     assert servers["broken"] == "broken"
     assert events == ["start broken {'A': '1', 'B': '2'}", "wait"]
+
+
+def test_a_server_that_fails_to_start_is_stopped_and_fails_only_the_tests_that_ask_for_it(
+        monkeypatch):
+    stopped: List[str] = []
+    monkeypatch.setattr(gpu_servers, "start_server", lambda name, args, env: name)
+    monkeypatch.setattr(gpu_servers, "stop_server", stopped.append)
+
+    def wait_healthy(server: str) -> None:
+        if server == "broken":
+            raise gpu_servers.lifecycle.ServerError("broken exited")
+
+    monkeypatch.setattr(gpu_servers, "wait_healthy", wait_healthy)
+    servers = gpu_servers.LazyServers(SPECS)
+    servers.start(["broken", "plain"])
+    assert stopped == ["broken"]
+    assert servers["plain"] == "plain"
+    for _ in range(2):
+        with pytest.raises(gpu_servers.lifecycle.ServerError, match="broken exited"):
+            servers["broken"]
+    assert stopped == ["broken"]

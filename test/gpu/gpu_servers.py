@@ -195,8 +195,10 @@ def servers_used_by(items: Iterable, specs: Dict[str, List[str]]) -> List[str]:
 
 
 class LazyServers:
-    """Servers started on first use (``servers[name]``) and stopped together by ``stop_all``, so
-    that a run of some of the tests starts only the servers those tests use."""
+    """Servers started together by ``start`` (those the selected tests name) or on first use
+    (``servers[name]``), and stopped together by ``stop_all``, so that a run of some of the
+    tests starts only the servers those tests use. A server that failed to start is stopped,
+    and its error is raised to each test that asks for it, not to the others."""
 
     def __init__(
         self,
@@ -208,20 +210,29 @@ class LazyServers:
         self._env = env or {}
         self._server_envs = server_envs or {}
         self._started: Dict[str, Server] = {}
+        self._failed: Dict[str, lifecycle.ServerError] = {}
 
     def __getitem__(self, name: str) -> Server:
         self.start([name])
+        if name in self._failed:
+            raise self._failed[name]
         return self._started[name]
 
     def start(self, names: Sequence[str]) -> None:
-        """Starts those of the named servers that do not run yet, all at once, and waits until
-        each is healthy (their specs must not size memory from what the others leave free)."""
-        starting = [name for name in dict.fromkeys(names) if name not in self._started]
+        """Starts those of the named servers that neither run nor failed yet, all at once, and
+        waits until each is healthy (their specs must not size memory from what the others
+        leave free)."""
+        starting = [name for name in dict.fromkeys(names)
+                    if name not in self._started and name not in self._failed]
         for name in starting:
             self._started[name] = start_server(name, self._specs[name],
                                                {**self._env, **self._server_envs.get(name, {})})
         for name in starting:
-            wait_healthy(self._started[name])
+            try:
+                wait_healthy(self._started[name])
+            except lifecycle.ServerError as error:
+                self._failed[name] = error
+                stop_server(self._started.pop(name))
 
     def stop(self, name: str) -> None:
         """Stops one server if it runs, freeing its GPU memory for the next start."""

@@ -61,6 +61,7 @@ MIN_CATCHUP_GAIN = 0.15
 DEFERRED_TARGETS = slice(48, 48 + CATCHUP_TARGETS)
 DEFERRED_FILLER_TOKENS = 6
 DEFERRED_TARGET_TOKENS = 40
+PREFIX_MATCH_SLACK = 4  # tokens per request the radix cache may match of an eval prompt
 # Two eval prompts no other deferred-prefill load sends, so no earlier request left their
 # draft KV in the radix cache.
 SHARED_PREFIX_PROMPTS = (50, 51)
@@ -277,7 +278,9 @@ def deferred_prefill_runs(tiny_servers, eval_set) -> Dict[str, object]:
     print(f"deferred draft prefill: window {DEFERRED_PREFILL_WINDOW} {covered_stats}, "
           f"window 1 {window1_stats}, EAGLE3 acceptance {eagle3_acceptance:.3f}")
     return {"covered": covered, "covered_stats": covered_stats, "window1_stats": window1_stats,
-            "plain": plain, "eagle3_acceptance": eagle3_acceptance}
+            "plain": plain, "eagle3_acceptance": eagle3_acceptance,
+            "prompt_tokens": sum(len(p["input_ids"]) for p in load),
+            "first_prompt_tokens": len(load[0]["input_ids"]), "requests": len(load)}
 
 
 DEFERRED_SERVERS = ("tiny_dynamic_deferred", "tiny_dynamic_deferred_w1", "tiny_plain",
@@ -301,25 +304,39 @@ def test_deferred_draft_prefill_is_lossless_and_keeps_acceptance(deferred_prefil
     ]
     print(f"deferred draft prefill: differences from plain {differences}")
     assert not differences
+    # The premise: every prompt but the first filler's (it may arrive alone, in a batch the
+    # policy expects to speculate) was prefilled without the draft, less radix-cache matches
+    # of a few tokens per request; a target prefilled with the draft would leave 100 out.
+    deferred_at_least = (runs["prompt_tokens"] - runs["first_prompt_tokens"]
+                         - PREFIX_MATCH_SLACK * runs["requests"])
     for stats in (covered_stats, runs["window1_stats"]):
         assert stats["deferred_batches"] >= 1 and stats["catchup_tokens"] > 0
+        assert stats["deferred_tokens"] >= deferred_at_least
     assert covered_stats["truncated"] == 0
     assert covered_stats["acceptance"] >= (1 - MAX_ACCEPTANCE_LOSS) * runs["eagle3_acceptance"]
 
 
-@pytest.mark.uses_servers(*DEFERRED_SERVERS)
-@pytest.mark.xfail(strict=True, reason=(
+WINDOW_OF_ONE_SHORTFALL = (
     "measured on one H200, 2026-12-02: window 128 2.147, window 1 2.028 tokens per verify "
     "(EAGLE3 2.108); the tiny pair's draft reads little of a stale 100-token prompt, so the "
     "window-of-one control also passes the 10% bar and the stash gains less than "
-    "MIN_CATCHUP_GAIN"))
+    "MIN_CATCHUP_GAIN")
+
+
+@pytest.mark.uses_servers(*DEFERRED_SERVERS)
 def test_deferred_draft_prefill_window_of_one_control(deferred_prefill_runs):
     """The negative control of the test above, in the same run: a window of one position
     leaves 99 of each target's prompt positions with stale draft KV, right before the
-    positions it speculates at, and should score clearly lower than the covering window."""
+    positions it speculates at, and should score clearly lower than the covering window. It
+    does not with the tiny pair (WINDOW_OF_ONE_SHORTFALL): an expected failure, reported as
+    such only once the loads ran as designed, and a failure once the control separates."""
     covered, window1 = (deferred_prefill_runs["covered_stats"],
                         deferred_prefill_runs["window1_stats"])
-    assert covered["acceptance"] >= window1["acceptance"] + MIN_CATCHUP_GAIN
+    assert window1["deferred_batches"] >= 1 and window1["catchup_tokens"] > 0
+    assert window1["catchup_tokens"] < covered["catchup_tokens"]
+    if covered["acceptance"] < window1["acceptance"] + MIN_CATCHUP_GAIN:
+        pytest.xfail(WINDOW_OF_ONE_SHORTFALL)
+    pytest.fail("the window-of-one control now separates: make it a plain assertion again")
 
 
 def leave_plain(server, eval_set) -> None:
@@ -334,30 +351,36 @@ def shared_prefix_load(server, eval_set) -> Tuple[List[dict], float, Dict[str, f
     """A 200-token prefix that requests prefill beside running keepers (so that every one of
     them joins a batch expected to decode plainly) and finish in plain mode, then lone
     requests (speculating) that reuse it from the radix cache: their outputs, acceptance, and
-    how many of the loaded requests' prefill batches there were and how many were deferred."""
+    how many of the loaded requests' prefill batches there were, how many were deferred, and
+    the switches to speculation meanwhile."""
     prompts = eval_set["prompts"]
     prefix = [token for index in SHARED_PREFIX_PROMPTS for token in prompts[index]["input_ids"]]
     leave_plain(server, eval_set)
-    keepers = prompts[SHARED_PREFIX_KEEPERS]
+    keepers = {"input_ids": [p["input_ids"] for p in prompts[SHARED_PREFIX_KEEPERS]],
+               "sampling_params": {"temperature": 0.0, "ignore_eos": True,
+                                   "max_new_tokens": SHARED_PREFIX_KEEPER_TOKENS}}
     loaded = [{"input_ids": prefix + p["input_ids"][:8]} for p in prompts[:SHARED_PREFIX_LOAD]]
-    with ThreadPoolExecutor(max_workers=len(keepers)) as pool:
+    with ThreadPoolExecutor(max_workers=1) as pool:
         start = server.dynamic_counters()
-        kept = [pool.submit(server.generate, p["input_ids"], SHARED_PREFIX_KEEPER_TOKENS)
-                for p in keepers]
+        # One request of four prompts, so that they reach the scheduler together.
+        kept = pool.submit(server.post, "/generate", keepers)
         deadline = time.monotonic() + 30
         while server.dynamic_counters()["plain_steps"] == start["plain_steps"]:
+            if kept.done():
+                kept.result()
+                raise AssertionError("the keepers finished without a plain step")
             assert time.monotonic() < deadline, "the keepers never decoded plainly"
             time.sleep(0.01)
         before_load = server.dynamic_counters()
         send(server, loaded, [16] * len(loaded), len(loaded))
         after_load = server.dynamic_counters()
-        for future in kept:
-            future.result()
+        kept.result()
     lone = [{"input_ids": prefix + p["input_ids"][8:16]} for p in prompts[:SHARED_PREFIX_LONE]]
     before = server.dynamic_counters()
     outputs = [server.generate(p["input_ids"], 64) for p in lone]
     prefills = {key: after_load.get(key, 0) - before_load.get(key, 0)
-                for key in ("prefill_batches", "deferred_draft_prefill_batches")}
+                for key in ("prefill_batches", "deferred_draft_prefill_batches",
+                            "switches_to_speculative")}
     return outputs, spec_acceptance(before, server.dynamic_counters()), prefills
 
 
@@ -365,8 +388,9 @@ def shared_prefix_load(server, eval_set) -> Tuple[List[dict], float, Dict[str, f
 def test_deferred_draft_prefill_of_a_shared_prefix_keeps_acceptance(tiny_servers, eval_set):
     """What stale prompt draft KV costs through the radix cache: a prefix first prefilled under
     load with the draft's prefill deferred, and finished in plain mode (no catch-up rebuilt
-    it), is reused by lone speculating requests. Their outputs equal plain decoding's, and
-    their acceptance must stay within 10% of a server that ran the draft's prefill."""
+    it), is reused by lone speculating requests. Their outputs equal those of a server that ran
+    the draft's prefill (EAGLE3_DYNAMIC with the deferral off), and their acceptance must stay
+    within 10% of its."""
     deferred, deferred_acceptance, deferred_prefills = shared_prefix_load(
         tiny_servers["tiny_dynamic_deferred"], eval_set)
     reference, reference_acceptance, reference_prefills = shared_prefix_load(
@@ -377,8 +401,10 @@ def test_deferred_draft_prefill_of_a_shared_prefix_keeps_acceptance(tiny_servers
           f"{deferred_acceptance:.3f} (prefills {deferred_prefills}), run "
           f"{reference_acceptance:.3f} (prefills {reference_prefills}), differences {differences}")
     assert not differences
-    # The premise: every copy of the prefix in the radix cache was prefilled without the draft.
+    # The premise: every copy of the prefix in the radix cache was prefilled without the draft,
+    # and no catch-up rebuilt it before the lone requests.
     assert deferred_prefills["prefill_batches"] >= 1
+    assert deferred_prefills["switches_to_speculative"] == 0
     assert deferred_prefills["deferred_draft_prefill_batches"] == deferred_prefills[
         "prefill_batches"]
     assert deferred_acceptance >= (1 - MAX_ACCEPTANCE_LOSS) * reference_acceptance
