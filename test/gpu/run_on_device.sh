@@ -15,10 +15,10 @@ export SGLANG_DE_LOG_DIR=$OUT
 mkdir -p "$OUT"
 # Default: the tiny-pair suite with chain drafting (float32, exact comparisons). The tiny
 # servers that the selected tests name start together (the five of -k deferred were healthy
-# within 105 s of a fresh start, the selection took 162 s, 2026-12-02); the tree, catch-up
-# control and deferred tests are left out of the default and run with -k tree,
-# -k "control and not deferred" (the deferred control runs with -k deferred) or
-# -k deferred. Each other module runs in a call of its own: the 8B-shaped
+# about 105 s after their first log lines on a fresh machine, the selection took 162 s,
+# 2026-12-02); the tree, catch-up control and deferred tests are left out of the default and
+# run with -k tree, -k "control and not deferred" or -k deferred (which runs the deferred
+# prefill's own control). Each other module runs in a call of its own: the 8B-shaped
 # test/gpu/test_dynamic_eagle_dummy8b.py (five servers: four start together, the negative
 # control's after two of them stop; about 9 minutes when they started one after another; its
 # negative control alone with -k negative_control, the rest with -k "not negative_control"),
