@@ -21,6 +21,7 @@ from sglang_dynamic_eagle.cost_model import (
     crossover_batch,
     speculative_gain,
 )
+from sglang_dynamic_eagle.auto_policy import DEFAULT_DECISIVE_BAND
 from sglang_dynamic_eagle.policy import DecodeMode
 
 SPEC = DecodeMode.SPECULATIVE
@@ -217,8 +218,9 @@ def test_estimate_scales_calibration_by_nearest_measured_bucket_of_same_mode() -
     cal = CALIBRATION[PLAIN]
     assert plain[1] == pytest.approx(1.5 * cal[1])
     assert plain[2] == pytest.approx(1.5 * cal[2])  # measured
-    assert plain[4] == pytest.approx(1.5 * cal[4])  # 2 is nearer than 8
-    assert plain[6] == pytest.approx(3.0 * cal[6])
+    # Between 2 and 8 the line through their costs (18 and 54) is the other estimate:
+    assert plain[4] == pytest.approx(30.0)  # above 1.5 * cal[4], scaled from 2 (nearer than 8)
+    assert plain[6] == pytest.approx(3.0 * cal[6])  # 48, above the line's 42
     assert plain[16] == pytest.approx(3.0 * cal[16])  # 2 to 8 is too short a span for a trend
 
 
@@ -287,6 +289,40 @@ def test_the_speculative_cost_at_64_of_the_acceptance_3_sweep() -> None:
     assert speculative_gain(3.0, table.plain.lookup(64).step_ms, spec[64]) < 1 / 1.3
 
 
+def test_between_two_measured_buckets_their_line_is_a_floor() -> None:
+    measured = wide_costs()
+    measure_at(measured, PLAIN, 1, 11.0)  # as calibrated
+    measure_at(measured, PLAIN, 64, 148.0)  # twice the calibration
+    plain = as_dict(measured.table().plain)
+    line = lambda bucket: 11.0 + (148.0 - 11.0) * (bucket - 1) / 63  # noqa: E731
+    # 8, 16 and 32 are nearer to 1 (scale 1: 18, 26 and 42 ms); the line lies above those
+    assert [plain[b] for b in (8, 16, 32)] == pytest.approx([line(8), line(16), line(32)])
+    measure_at(measured, PLAIN, 16, 20.0)  # the nearest measured neighbours now: 1 and 16
+    plain = as_dict(measured.table().plain)
+    assert plain[8] == pytest.approx(18.0)  # scaled from 1, above the line's 11 + 9 * 7 / 15
+    assert plain[32] == pytest.approx(20.0 + 128.0 * 16 / 48)  # the line through 16 and 64
+
+
+def test_the_speculative_cost_at_64_of_the_interleaved_runs() -> None:
+    """The 8B-shaped server of 2026-12-02 (interleaved runs, second call): speculative buckets
+    1 and 128 measured (7.812 and 64.565 ms), 64 scaled from 1 to 17.997 ms, so that with plain
+    at 64 estimated at 9.139 ms it kept speculating at acceptance 3 for 16 steps; 64 then
+    measured 31.92 ms. The line through 1 and 128 gives 35.96: a gain below the policy's
+    decisive band, so it would have left speculation at the first such step."""
+    buckets = {PLAIN: (64, 128), SPEC: (1, 64, 72, 128)}
+    calibration = {PLAIN: {64: 9.139, 128: 10.264},
+                   SPEC: {1: 7.812, 64: 17.997, 72: 42.732 / 1.5, 128: 64.565 / 1.5}}
+    measured = MeasuredCosts(buckets, calibration)
+    measure_at(measured, SPEC, 1, 7.812)
+    measure_at(measured, SPEC, 128, 64.565)
+    measure_at(measured, PLAIN, 128, 10.264)
+    table = measured.table()
+    spec = as_dict(table.speculative)
+    assert spec[64] == pytest.approx(7.812 + (64.565 - 7.812) * 63 / 127)
+    assert spec[72] == pytest.approx(42.732)  # scaled from 128, above the line's 39.5
+    assert speculative_gain(3.0, table.plain.lookup(64).step_ms, spec[64]) < 1 / (1 + DEFAULT_DECISIVE_BAND)
+
+
 def test_estimate_nearest_tie_goes_to_larger_bucket() -> None:
     measured = costs()
     measure_at(measured, PLAIN, 2, 2.0 * CALIBRATION[PLAIN][2])
@@ -330,7 +366,9 @@ def test_without_calibration_nearest_measured_cost_or_none() -> None:
     measure_at(measured, PLAIN, 2, 7.0)
     measure_at(measured, PLAIN, 16, 9.0)
     table = measured.table()
-    assert as_dict(table.plain) == {1: 7.0, 2: 7.0, 4: 7.0, 6: 7.0, 8: 7.0, 16: 9.0}
+    # Outside the measured buckets their nearest one's cost, between them their line.
+    assert as_dict(table.plain) == pytest.approx({1: 7.0, 2: 7.0, 4: 7.0 + 2 / 7, 6: 7.0 + 4 / 7,
+                                                  8: 7.0 + 6 / 7, 16: 9.0})
     # The other mode's measurements do not fill an uncalibrated mode.
     assert as_dict(table.speculative) == {b: None for b in SPEC_BUCKETS}
 

@@ -145,6 +145,18 @@ def _nearest(buckets: Sequence[int], bucket: int) -> Optional[int]:
     return min(candidates, key=lambda b: (abs(b - bucket), -b))
 
 
+def _line_between(measured: Mapping[int, float], bucket: int) -> Optional[float]:
+    """At an unmeasured ``bucket`` between two measured ones: the line through the nearest
+    measured bucket below it and the nearest above (else None). It stays between their costs,
+    so no span is needed against noise, and it rises with either of them."""
+    ordered = sorted(measured)
+    index = bisect.bisect_left(ordered, bucket)
+    if index == 0 or index == len(ordered) or ordered[index] == bucket:
+        return None
+    low, high = ordered[index - 1], ordered[index]
+    return measured[low] + (measured[high] - measured[low]) * (bucket - low) / (high - low)
+
+
 def _trend_above(measured: Mapping[int, float], bucket: int) -> Optional[float]:
     """At ``bucket`` above every measured bucket: the line through the largest measured bucket
     and the largest one at least ``MIN_TREND_SPAN`` requests below it (else None). The span
@@ -249,12 +261,14 @@ class MeasuredCosts:
           mode, else of the other mode); without a calibration, the nearest measured bucket's
           cost.
         * Above this mode's largest measured bucket, the line through it and a measured bucket
-          at least ``MIN_TREND_SPAN`` requests below it. The calibration replays graphs at
-          context length 1, so it leaves out attention over real contexts, which grows with
+          at least ``MIN_TREND_SPAN`` requests below it; between two measured buckets of this
+          mode, the line through the nearest one on each side. The calibration replays graphs
+          at context length 1, so it leaves out attention over real contexts, which grows with
           the batch: a ratio taken at a smaller bucket underestimates a larger one. Measured
           on the 8B-shaped model (2026-12-01): scaled from bucket 32, a speculative step at 64
           was estimated at 29.8 ms and then measured at 35.2; the line through 16 and 32 gives
-          33.2.
+          33.2. With only buckets 1 and 128 measured (2026-12-02), bucket 64 was scaled from
+          bucket 1 (the nearer) to 18.0 ms and then measured at 31.9; the line gives 36.0.
         """
         calibrated = self.calibration[mode].get(bucket)
         if calibrated is None:
@@ -266,6 +280,8 @@ class MeasuredCosts:
             scale = own if own is not None else self._scale_at(other, bucket, measured)
             scaled = calibrated * (scale if scale is not None else 1.0)
         trend = _trend_above(measured[mode], bucket)
+        if trend is None:
+            trend = _line_between(measured[mode], bucket)
         if scaled is None or trend is None:
             return scaled if trend is None else trend
         return max(scaled, trend)
