@@ -142,9 +142,13 @@ def start_servers(args: argparse.Namespace, pair: tuple[str, str], scratch: Path
             document["configs"][entry.config].update(
                 status=results.RUN_OK,
                 startup_s=server.wait_until_healthy(entry.running, args.server_timeout_s, ERROR_TAIL_LINES))
-    except server.ServerError:
+    except server.ServerError as error:
         for entry in served:
             server.stop_server(entry.running)
+            record = document["configs"][entry.config]
+            if record["status"] != results.RUN_OK:
+                record.update(status="failed_to_start", error=str(error))
+                break
         raise
     return served
 
@@ -249,7 +253,12 @@ def main(argv: list[str] | None = None) -> int:
                                             "server_env")})
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
-        served = start_servers(args, pair, scratch, document)
+        try:
+            served = start_servers(args, pair, scratch, document)
+        except server.ServerError as error:
+            logger.error("%s", error)
+            results.save_results(document, out_dir / RESULTS_FILE)
+            return 1
         try:
             exit_code = run_benchmarks(args, served, pair, scratch, document, out_dir)
         finally:

@@ -85,3 +85,31 @@ def test_report_lists_the_ratios_and_every_run_with_its_speculative_steps():
     text = interleaved.report_markdown(document, ("dynamic", "plain"))
     assert "| 64 | 5500 | 5700 | 0.965 | 1.018 | 1.018 |" in text
     assert "| dynamic | 64 | ok | 5500 | 560.0 | 16 | 752 |" in text
+
+
+def test_a_server_that_does_not_start_stops_both_and_is_recorded(tmp_path, monkeypatch):
+    def commands(args, pair):
+        healthy_forever = [sys.executable, "-c", "import time; time.sleep(60)"]
+        dies = [sys.executable, "-c", "import sys; print('no GPU'); sys.exit(3)"]
+        return [(pair[0], 31000, healthy_forever), (pair[1], 31001, dies)]
+
+    monkeypatch.setattr(interleaved, "server_commands", commands)
+    monkeypatch.setattr(interleaved.server, "wait_until_healthy",
+                        lambda running, timeout_s, tail: _wait_for_exit(running, timeout_s, tail))
+    exit_code = interleaved.main(["--model-path", "m", "--draft-model-path", "d", "--out", str(tmp_path)])
+    assert exit_code == 1
+    document = results.load_results(tmp_path / interleaved.RESULTS_FILE)
+    assert document["configs"]["dynamic"]["status"] == "ok"  # it was the healthy one
+    assert document["configs"]["plain"]["status"] == "failed_to_start"
+    assert "no GPU" in document["configs"]["plain"]["error"]
+    assert document["runs"] == []
+
+
+def _wait_for_exit(running, timeout_s, tail_lines):
+    """The first server counts as healthy at once; the second is waited for until it exits."""
+    if running.config == "dynamic":
+        return 0.0
+    return _REAL_WAIT(running, 30.0, tail_lines)
+
+
+_REAL_WAIT = interleaved.server.wait_until_healthy
