@@ -218,9 +218,8 @@ def test_estimate_scales_calibration_by_nearest_measured_bucket_of_same_mode() -
     cal = CALIBRATION[PLAIN]
     assert plain[1] == pytest.approx(1.5 * cal[1])
     assert plain[2] == pytest.approx(1.5 * cal[2])  # measured
-    # Between 2 and 8 the line through their costs (18 and 54) is the other estimate:
-    assert plain[4] == pytest.approx(30.0)  # above 1.5 * cal[4], scaled from 2 (nearer than 8)
-    assert plain[6] == pytest.approx(3.0 * cal[6])  # 48, above the line's 42
+    assert plain[4] == pytest.approx(1.5 * cal[4])  # 2 is nearer than 8
+    assert plain[6] == pytest.approx(3.0 * cal[6])
     assert plain[16] == pytest.approx(3.0 * cal[16])  # 2 to 8 is too short a span for a trend
 
 
@@ -289,18 +288,30 @@ def test_the_speculative_cost_at_64_of_the_acceptance_3_sweep() -> None:
     assert speculative_gain(3.0, table.plain.lookup(64).step_ms, spec[64]) < 1 / 1.3
 
 
-def test_between_two_measured_buckets_their_line_is_a_floor() -> None:
-    measured = wide_costs()
-    measure_at(measured, PLAIN, 1, 11.0)  # as calibrated
-    measure_at(measured, PLAIN, 64, 148.0)  # twice the calibration
-    plain = as_dict(measured.table().plain)
+SPREAD_BUCKETS: dict[DecodeMode, tuple[int, ...]] = {PLAIN: (1, 8, 16, 32, 64), SPEC: (1, 8, 16, 32, 64)}
+SPREAD_CALIBRATION: dict[DecodeMode, dict[int, float]] = {mode: {b: 10.0 + b for b in SPREAD_BUCKETS[mode]}
+                                                          for mode in (PLAIN, SPEC)}
+
+
+def test_between_two_measured_speculative_buckets_their_line_is_a_floor() -> None:
+    measured = MeasuredCosts(SPREAD_BUCKETS, SPREAD_CALIBRATION)
+    measure_at(measured, SPEC, 1, 11.0)  # as calibrated
+    measure_at(measured, SPEC, 64, 148.0)  # twice the calibration
+    spec = as_dict(measured.table().speculative)
     line = lambda bucket: 11.0 + (148.0 - 11.0) * (bucket - 1) / 63  # noqa: E731
     # 8, 16 and 32 are nearer to 1 (scale 1: 18, 26 and 42 ms); the line lies above those
-    assert [plain[b] for b in (8, 16, 32)] == pytest.approx([line(8), line(16), line(32)])
-    measure_at(measured, PLAIN, 16, 20.0)  # the nearest measured neighbours now: 1 and 16
-    plain = as_dict(measured.table().plain)
-    assert plain[8] == pytest.approx(18.0)  # scaled from 1, above the line's 11 + 9 * 7 / 15
-    assert plain[32] == pytest.approx(20.0 + 128.0 * 16 / 48)  # the line through 16 and 64
+    assert [spec[b] for b in (8, 16, 32)] == pytest.approx([line(8), line(16), line(32)])
+    measure_at(measured, SPEC, 16, 20.0)  # the nearest measured neighbours now: 1 and 16
+    spec = as_dict(measured.table().speculative)
+    assert spec[8] == pytest.approx(18.0)  # scaled from 1, above the line's 11 + 9 * 7 / 15
+    assert spec[32] == pytest.approx(20.0 + 128.0 * 16 / 48)  # the line through 16 and 64
+
+
+def test_plain_steps_between_measured_buckets_keep_the_scaled_calibration() -> None:
+    measured = MeasuredCosts(SPREAD_BUCKETS, SPREAD_CALIBRATION)
+    measure_at(measured, PLAIN, 1, 11.0)
+    measure_at(measured, PLAIN, 64, 148.0)
+    assert as_dict(measured.table().plain)[16] == pytest.approx(26.0)  # scale 1 from 1, not the line's 43.6
 
 
 def test_the_speculative_cost_at_64_of_the_interleaved_runs() -> None:
@@ -366,9 +377,7 @@ def test_without_calibration_nearest_measured_cost_or_none() -> None:
     measure_at(measured, PLAIN, 2, 7.0)
     measure_at(measured, PLAIN, 16, 9.0)
     table = measured.table()
-    # Outside the measured buckets their nearest one's cost, between them their line.
-    assert as_dict(table.plain) == pytest.approx({1: 7.0, 2: 7.0, 4: 7.0 + 2 / 7, 6: 7.0 + 4 / 7,
-                                                  8: 7.0 + 6 / 7, 16: 9.0})
+    assert as_dict(table.plain) == {1: 7.0, 2: 7.0, 4: 7.0, 6: 7.0, 8: 7.0, 16: 9.0}
     # The other mode's measurements do not fill an uncalibrated mode.
     assert as_dict(table.speculative) == {b: None for b in SPEC_BUCKETS}
 

@@ -261,8 +261,10 @@ class MeasuredCosts:
           mode, else of the other mode); without a calibration, the nearest measured bucket's
           cost.
         * Above this mode's largest measured bucket, the line through it and a measured bucket
-          at least ``MIN_TREND_SPAN`` requests below it; between two measured buckets of this
-          mode, the line through the nearest one on each side. The calibration replays graphs
+          at least ``MIN_TREND_SPAN`` requests below it; for a speculative step between two
+          measured buckets, the line through the nearest one on each side (not for plain
+          steps: where a cost bends upward the line overestimates it, which for a plain step
+          would favour speculation). The calibration replays graphs
           at context length 1, so it leaves out attention over real contexts, which grows with
           the batch: a ratio taken at a smaller bucket underestimates a larger one. Measured
           on the 8B-shaped model (2026-12-01): scaled from bucket 32, a speculative step at 64
@@ -280,7 +282,7 @@ class MeasuredCosts:
             scale = own if own is not None else self._scale_at(other, bucket, measured)
             scaled = calibrated * (scale if scale is not None else 1.0)
         trend = _trend_above(measured[mode], bucket)
-        if trend is None:
+        if trend is None and mode is DecodeMode.SPECULATIVE:
             trend = _line_between(measured[mode], bucket)
         if scaled is None or trend is None:
             return scaled if trend is None else trend
