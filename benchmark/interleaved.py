@@ -8,8 +8,9 @@ A sweep (``sweep.py run``) serves one configuration after another, so a ratio of
 runs also holds the difference between two server starts and the GPU's drift over minutes:
 plain decoding alone ran at 7,216 to 7,851 tok/s at 128 requests (input 512, output 256)
 across the sweeps in ``benchmark/results/``, more than the 2% that decide a 0.98 bar. Here
-both servers are up together, each given the same memory (``--mem-fraction-static`` and a
-``--max-total-tokens`` cap, appended to the common flags so that both fit), and at each
+both servers are up together (started one after the other, each healthy before the next
+starts), each given the same memory (``--mem-fraction-static`` and a ``--max-total-tokens``
+cap, appended to the common flags so that both fit), and at each
 concurrency the runs alternate in ABBA order, ``--rounds`` runs per configuration; the
 report gives every run and the ratio of the two configurations' mean throughputs. Each run is
 the sweep's (random token ids, every request ``--output-len`` tokens, ``--waves`` x the
@@ -25,6 +26,7 @@ import argparse
 import dataclasses
 import logging
 import shlex
+import signal
 import statistics
 import sys
 import tempfile
@@ -38,6 +40,7 @@ logger = logging.getLogger("interleaved")
 
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
+DRIVER_LOG_FILE = "bench_driver_tail.txt"
 ERROR_TAIL_LINES = 30
 LOG_TAIL_LINES = 200
 # Both servers of an 8B-shaped pair fit on one H200 with this cap: 200,000 tokens of KV each
@@ -127,36 +130,40 @@ def server_commands(args: argparse.Namespace, pair: tuple[str, str]) -> list[tup
         for offset, config in enumerate(pair)]
 
 
-def start_servers(args: argparse.Namespace, pair: tuple[str, str], scratch: Path,
-                  document: dict) -> list[ServedConfig]:
-    """Both servers launched before either is waited for; a failure stops both."""
-    served = []
+def start_servers(args: argparse.Namespace, pair: tuple[str, str], scratch: Path, document: dict,
+                  served: list[ServedConfig]) -> None:
+    """Start the servers one after the other, each healthy before the next starts (so that
+    EAGLE3_DYNAMIC's start-up calibration does not time its graphs beside the other server's
+    loading and capture), appending each to ``served`` as it is launched so that the caller
+    stops it whatever happens; a server that does not start is recorded and raises."""
     for config, port, command in server_commands(args, pair):
-        document["configs"][config] = sweep.config_record(args, command)
+        record = document["configs"][config] = sweep.config_record(args, command)
         logger.info("[%s] starting: %s", config, shlex.join(command))
-        served.append(ServedConfig(config, server.start_server(
+        entry = ServedConfig(config, server.start_server(
             config, command, args.server_env, scratch / f"server_{config}.log",
-            server.base_url_of(args.host, port)), port))
-    try:
-        for entry in served:
-            document["configs"][entry.config].update(
-                status=results.RUN_OK,
-                startup_s=server.wait_until_healthy(entry.running, args.server_timeout_s, ERROR_TAIL_LINES))
-    except server.ServerError as error:
-        for entry in served:
-            server.stop_server(entry.running)
-            record = document["configs"][entry.config]
-            if record["status"] != results.RUN_OK:
-                record.update(status="failed_to_start", error=str(error))
-                break
-        raise
-    return served
+            server.base_url_of(args.host, port)), port)
+        served.append(entry)
+        try:
+            record["startup_s"] = server.wait_until_healthy(entry.running, args.server_timeout_s, ERROR_TAIL_LINES)
+        except server.ServerError as error:
+            record.update(status="failed_to_start", error=str(error))
+            raise
+        record["status"] = results.RUN_OK
+        logger.info("[%s] healthy after %.0f s", config, record["startup_s"])
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredRun:
+    config: str
+    concurrency: int
+    prompts: int
+    output_file: Path
 
 
 def bench_groups(args: argparse.Namespace, settings: bench.BenchSettings, served: list[ServedConfig],
-                 pair: tuple[str, str], scratch: Path) -> tuple[list[str], list[tuple[str, int, Path]]]:
+                 pair: tuple[str, str], scratch: Path) -> tuple[list[str], list[MeasuredRun]]:
     """The driver's command line (warm-up groups, then the measured runs in ABBA order per
-    concurrency) and each measured run's (config, concurrency, result file)."""
+    concurrency) and the measured runs."""
     by_config = {entry.config: entry for entry in served}
     warm_up = dataclasses.replace(settings, output_len=args.warmup_output_len)
     command = [settings.python, str(bench.DRIVER_PATH)]
@@ -176,34 +183,50 @@ def bench_groups(args: argparse.Namespace, settings: bench.BenchSettings, served
         prompts = bench.prompts_for_concurrency(concurrency, args.waves, args.min_prompts)
         for index, config in enumerate(run_order(pair, args.rounds)):
             output_file = add_group([(concurrency, prompts)], settings, config, f"c{concurrency}_{index}_{config}")
-            measured.append((config, prompts, output_file))
+            measured.append(MeasuredRun(config, concurrency, prompts, output_file))
     return command, measured
 
 
 def run_benchmarks(args: argparse.Namespace, served: list[ServedConfig], pair: tuple[str, str],
                    scratch: Path, document: dict, out_dir: Path) -> int:
+    """Run the driver, recording each run as its result line appears; a run without one is
+    recorded as failed with the driver's output tail. Returns the driver's exit code."""
     settings = bench.BenchSettings(args.tokenizer or args.model_path, args.input_len, args.output_len,
                                    args.seed, args.visible_special_tokens, tuple(shlex.split(args.bench_args)))
     command, measured = bench_groups(args, settings, served, pair, scratch)
     snapshots: dict[Path, dict | None] = {}
+    recorded: set[Path] = set()
     started = {"at": time.monotonic()}
     watched = []
-    for config, prompts, output_file in measured:
-        def on_snapshot(line: dict, output_file: Path = output_file) -> None:
-            snapshots[output_file] = mode_counters.find_mode_counters(line.get("server_info"))
+    for run in measured:
+        def on_snapshot(line: dict, run: MeasuredRun = run) -> None:
+            snapshots[run.output_file] = mode_counters.find_mode_counters(line.get("server_info"))
             started["at"] = time.monotonic()
 
-        def on_result(line: dict, config: str = config, prompts: int = prompts, output_file: Path = output_file) -> None:
-            run = sweep.record_from_result_line(config, prompts, line, snapshots.get(output_file),
-                                                time.monotonic() - started["at"])
-            run["metrics"]["mean_ttft_ms"] = line.get("mean_ttft_ms")
-            document["runs"].append(run)
+        def on_result(line: dict, run: MeasuredRun = run) -> None:
+            record = sweep.record_from_result_line(run.config, run.prompts, line, snapshots.get(run.output_file),
+                                                   time.monotonic() - started["at"])
+            record["metrics"]["mean_ttft_ms"] = line.get("mean_ttft_ms")
+            recorded.add(run.output_file)
+            document["runs"].append(record)
             results.save_results(document, out_dir / RESULTS_FILE)
-            logger.info("%s", sweep.progress_line(run))
+            logger.info("%s", sweep.progress_line(record))
 
-        watched += [(Path(bench_driver.after_warmup_file(str(output_file))), on_snapshot), (output_file, on_result)]
-    return bench.run_bench_driver(command, watched, scratch / "bench_driver.log", args.timeout_s,
-                                  server_alive=lambda: all(server.server_is_running(e.running) for e in served))
+        watched += [(Path(bench_driver.after_warmup_file(str(run.output_file))), on_snapshot),
+                    (run.output_file, on_result)]
+    driver_log = scratch / "bench_driver.log"
+    exit_code = bench.run_bench_driver(
+        command, watched, driver_log, args.bench_timeout_s * (len(measured) + len(pair)),
+        server_alive=lambda: all(server.server_is_running(e.running) for e in served))
+    tail = server.log_tail(driver_log, ERROR_TAIL_LINES)
+    (out_dir / DRIVER_LOG_FILE).write_text(server.log_tail(driver_log, LOG_TAIL_LINES))
+    reason = {bench.TIMEOUT_EXIT_CODE: "--bench-timeout-s reached", bench.SERVER_DIED_EXIT_CODE: "a server died"}.get(
+        exit_code, f"no result line (bench driver exit code {exit_code})")
+    for run in measured:
+        if run.output_file not in recorded:
+            document["runs"].append(sweep.run_record(run.config, run.concurrency, run.prompts, "failed",
+                                                     f"{reason}; bench_serving output tail:\n{tail}"))
+    return exit_code
 
 
 def concurrency_list(text: str) -> list[int]:
@@ -232,7 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--visible-special-tokens", action="store_true", help="bench requests with skip_special_tokens=False")
     add("--bench-args", default="", help="extra sglang.bench_serving flags for every run")
     add("--seed", type=int, default=1)
-    add("--timeout-s", type=float, default=900.0, help="the bench process is killed after this (default %(default)s)")
+    add("--bench-timeout-s", type=float, default=300.0,
+        help="per run: the bench process is killed after this times the number of runs and warm-ups "
+             "(default %(default)s)")
     return parser
 
 
@@ -251,25 +276,26 @@ def main(argv: list[str] | None = None) -> int:
         key: getattr(args, key) for key in ("configs", "concurrencies", "rounds", "input_len", "output_len",
                                             "waves", "min_prompts", "warmup_output_len", "max_total_tokens",
                                             "server_env")})
+    served: list[ServedConfig] = []
+    exit_code = 1
+    signal.signal(signal.SIGTERM, sweep.stop_on_sigterm)
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
         try:
-            served = start_servers(args, pair, scratch, document)
+            start_servers(args, pair, scratch, document, served)
+            exit_code = run_benchmarks(args, served, pair, scratch, document, out_dir)
         except server.ServerError as error:
             logger.error("%s", error)
-            results.save_results(document, out_dir / RESULTS_FILE)
-            return 1
-        try:
-            exit_code = run_benchmarks(args, served, pair, scratch, document, out_dir)
         finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             for entry in served:
                 server.stop_server(entry.running)
             (out_dir / sweep.SERVER_LOGS_FILE).write_text("".join(
                 f"===== {entry.config}: last lines of the server log =====\n"
                 f"{server.log_tail(entry.running.log_path, LOG_TAIL_LINES)}" for entry in served))
-    results.save_results(document, out_dir / RESULTS_FILE)
-    (out_dir / REPORT_FILE).write_text(report_markdown(document, pair))
-    logger.info("wrote %s", out_dir / REPORT_FILE)
+            results.save_results(document, out_dir / RESULTS_FILE)
+            (out_dir / REPORT_FILE).write_text(report_markdown(document, pair))
+            logger.info("wrote %s", out_dir / REPORT_FILE)
     expected = len(args.concurrencies) * args.rounds * 2
     ok = sum(run["status"] == results.RUN_OK for run in document["runs"])
     return 0 if exit_code == 0 and ok == expected else 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
@@ -54,8 +55,9 @@ def test_driver_runs_warm_ups_then_abba_runs_each_against_its_own_server(tmp_pat
     assert output_lens == ["16", "16"] + ["256"] * 8
     assert groups[0][0] == [(128, 128), (64, 64)]
     assert [runs for runs, _ in groups[2:]] == [[(128, 384)]] * 4 + [[(64, 192)]] * 4
-    assert [config for config, _, _ in measured] == ["dynamic", "plain", "plain", "dynamic"] * 2
-    assert len({str(path) for _, _, path in measured}) == 8
+    assert [run.config for run in measured] == ["dynamic", "plain", "plain", "dynamic"] * 2
+    assert [run.concurrency for run in measured] == [128] * 4 + [64] * 4
+    assert len({run.output_file for run in measured}) == 8
 
 
 def run(config: str, concurrency: int, throughput: float, ttft: float, status: str = results.RUN_OK) -> dict:
@@ -87,29 +89,71 @@ def test_report_lists_the_ratios_and_every_run_with_its_speculative_steps():
     assert "| dynamic | 64 | ok | 5500 | 560.0 | 16 | 752 |" in text
 
 
-def test_a_server_that_does_not_start_stops_both_and_is_recorded(tmp_path, monkeypatch):
-    def commands(args, pair):
-        healthy_forever = [sys.executable, "-c", "import time; time.sleep(60)"]
-        dies = [sys.executable, "-c", "import sys; print('no GPU'); sys.exit(3)"]
-        return [(pair[0], 31000, healthy_forever), (pair[1], 31001, dies)]
+HEALTHY_FOREVER = [sys.executable, "-c", "import time; time.sleep(60)"]
+DIES = [sys.executable, "-c", "import sys; print('no GPU'); sys.exit(3)"]
 
-    monkeypatch.setattr(interleaved, "server_commands", commands)
-    monkeypatch.setattr(interleaved.server, "wait_until_healthy",
-                        lambda running, timeout_s, tail: _wait_for_exit(running, timeout_s, tail))
+
+def fake_servers(monkeypatch, first: list[str], second: list[str]) -> list:
+    """Replace both servers' commands; a server counts as healthy while it runs (the real wait
+    would poll its /health), and the launched processes are returned for inspection."""
+    launched = []
+    real_start = interleaved.server.start_server
+
+    def start(*args, **kwargs):
+        launched.append(real_start(*args, **kwargs))
+        return launched[-1]
+
+    def healthy_while_running(running, timeout_s, tail_lines):
+        time.sleep(0.5)
+        if running.process.poll() is not None:
+            raise interleaved.server.ServerError(
+                f"[{running.config}] exited; last log lines:\n{interleaved.server.log_tail(running.log_path, 5)}")
+        return 0.5
+
+    monkeypatch.setattr(interleaved, "server_commands",
+                        lambda args, pair: [(pair[0], 31000, first), (pair[1], 31001, second)])
+    monkeypatch.setattr(interleaved.server, "start_server", start)
+    monkeypatch.setattr(interleaved.server, "wait_until_healthy", healthy_while_running)
+    return launched
+
+
+def run_main(tmp_path: Path) -> tuple[int, dict]:
     exit_code = interleaved.main(["--model-path", "m", "--draft-model-path", "d", "--out", str(tmp_path)])
+    return exit_code, results.load_results(tmp_path / interleaved.RESULTS_FILE)
+
+
+def test_the_second_server_failing_stops_the_first_and_is_recorded(tmp_path, monkeypatch):
+    launched = fake_servers(monkeypatch, HEALTHY_FOREVER, DIES)
+    exit_code, document = run_main(tmp_path)
     assert exit_code == 1
-    document = results.load_results(tmp_path / interleaved.RESULTS_FILE)
-    assert document["configs"]["dynamic"]["status"] == "ok"  # it was the healthy one
+    assert document["configs"]["dynamic"]["status"] == "ok"
     assert document["configs"]["plain"]["status"] == "failed_to_start"
     assert "no GPU" in document["configs"]["plain"]["error"]
     assert document["runs"] == []
+    assert [process.process.poll() is not None for process in launched] == [True, True]
+    assert (tmp_path / interleaved.REPORT_FILE).exists()
 
 
-def _wait_for_exit(running, timeout_s, tail_lines):
-    """The first server counts as healthy at once; the second is waited for until it exits."""
-    if running.config == "dynamic":
-        return 0.0
-    return _REAL_WAIT(running, 30.0, tail_lines)
+def test_the_first_server_failing_starts_no_second(tmp_path, monkeypatch):
+    launched = fake_servers(monkeypatch, DIES, HEALTHY_FOREVER)
+    exit_code, document = run_main(tmp_path)
+    assert exit_code == 1 and len(launched) == 1
+    assert document["configs"]["dynamic"]["status"] == "failed_to_start"
+    assert "plain" not in document["configs"]
 
 
-_REAL_WAIT = interleaved.server.wait_until_healthy
+def test_runs_without_a_result_line_are_recorded_as_failed(tmp_path, monkeypatch):
+    fake_servers(monkeypatch, HEALTHY_FOREVER, HEALTHY_FOREVER)
+
+    def driver_killed_at_its_timeout(command, watched, driver_log, timeout_s, server_alive):
+        driver_log.write_text("Traceback: bench_serving stalled\n")
+        return bench.TIMEOUT_EXIT_CODE
+
+    monkeypatch.setattr(interleaved.bench, "run_bench_driver", driver_killed_at_its_timeout)
+    exit_code, document = run_main(tmp_path)
+    assert exit_code == 1
+    assert [run["status"] for run in document["runs"]] == ["failed"] * 12  # 2 concurrencies x 3 rounds x 2
+    assert all("--bench-timeout-s reached" in run["error"] and "stalled" in run["error"]
+               for run in document["runs"])
+    assert "stalled" in (tmp_path / interleaved.DRIVER_LOG_FILE).read_text()
+    assert "| dynamic | 128 | failed |" in (tmp_path / interleaved.REPORT_FILE).read_text()
