@@ -315,7 +315,7 @@ def test_plain_steps_between_measured_buckets_keep_the_scaled_calibration() -> N
 
 
 def test_the_speculative_cost_at_64_of_the_interleaved_runs() -> None:
-    """The 8B-shaped server of 2026-12-02 (interleaved runs, second call): speculative buckets
+    """The 8B-shaped server of 2026-12-02 (interleaved runs, 04:39 UTC): speculative buckets
     1 and 128 measured (7.812 and 64.565 ms), 64 scaled from 1 to 17.997 ms, so that with plain
     at 64 estimated at 9.139 ms it kept speculating at acceptance 3 for 16 steps; 64 then
     measured 31.92 ms. The line through 1 and 128 gives 35.96: a gain below the policy's
