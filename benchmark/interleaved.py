@@ -164,27 +164,18 @@ def bench_groups(args: argparse.Namespace, settings: bench.BenchSettings, served
                  pair: tuple[str, str], scratch: Path) -> tuple[list[str], list[MeasuredRun]]:
     """The driver's command line (warm-up groups, then the measured runs in ABBA order per
     concurrency) and the measured runs."""
-    by_config = {entry.config: entry for entry in served}
+    port_of = {entry.config: entry.port for entry in served}
     warm_up = dataclasses.replace(settings, output_len=args.warmup_output_len)
-    command = [settings.python, str(bench.DRIVER_PATH)]
+    groups = [(bench.RunGroup(warm_up, tuple((c, c) for c in args.concurrencies),
+                              str(scratch / f"warmup_{config}.jsonl")), port_of[config]) for config in pair]
     measured = []
-
-    def add_group(runs: list[tuple[int, int]], group_settings: bench.BenchSettings, config: str, name: str) -> Path:
-        output_file = scratch / f"{name}.jsonl"
-        command.extend([bench_driver.GROUP_SEPARATOR] if len(command) > 2 else [])
-        command.extend([f"{c}:{n}" for c, n in runs])
-        command.extend(["--", *bench.bench_serving_flags(group_settings, args.host, by_config[config].port,
-                                                         str(output_file))])
-        return output_file
-
-    for config in pair:
-        add_group([(c, c) for c in args.concurrencies], warm_up, config, f"warmup_{config}")
     for concurrency in args.concurrencies:
         prompts = bench.prompts_for_concurrency(concurrency, args.waves, args.min_prompts)
         for index, config in enumerate(run_order(pair, args.rounds)):
-            output_file = add_group([(concurrency, prompts)], settings, config, f"c{concurrency}_{index}_{config}")
+            output_file = scratch / f"c{concurrency}_{index}_{config}.jsonl"
+            groups.append((bench.RunGroup(settings, ((concurrency, prompts),), str(output_file)), port_of[config]))
             measured.append(MeasuredRun(config, concurrency, prompts, output_file))
-    return command, measured
+    return bench.bench_driver_command_per_port(groups, args.host), measured
 
 
 def run_benchmarks(args: argparse.Namespace, served: list[ServedConfig], pair: tuple[str, str],
@@ -290,9 +281,8 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             for entry in served:
                 server.stop_server(entry.running)
-            (out_dir / sweep.SERVER_LOGS_FILE).write_text("".join(
-                f"===== {entry.config}: last lines of the server log =====\n"
-                f"{server.log_tail(entry.running.log_path, LOG_TAIL_LINES)}" for entry in served))
+            sweep.write_server_logs(out_dir, {entry.config: server.log_tail(entry.running.log_path, LOG_TAIL_LINES)
+                                              for entry in served})
             results.save_results(document, out_dir / RESULTS_FILE)
             (out_dir / REPORT_FILE).write_text(report_markdown(document, pair))
             logger.info("wrote %s", out_dir / REPORT_FILE)

@@ -76,9 +76,14 @@ def bench_serving_flags(settings: BenchSettings, host: str, port: int, output_fi
 
 
 def bench_driver_command(groups: Sequence[RunGroup], host: str, port: int) -> list[str]:
-    """One driver process for every run of every group, group after group."""
-    command = [groups[0].settings.python, str(DRIVER_PATH)]
-    for index, group in enumerate(groups):
+    """One driver process for every run of every group, group after group, against one server."""
+    return bench_driver_command_per_port([(group, port) for group in groups], host)
+
+
+def bench_driver_command_per_port(groups: Sequence[tuple[RunGroup, int]], host: str) -> list[str]:
+    """One driver process for every run of every group, each group against the server on its port."""
+    command = [groups[0][0].settings.python, str(DRIVER_PATH)]
+    for index, (group, port) in enumerate(groups):
         command += [bench_driver.GROUP_SEPARATOR] if index else []
         command += [f"{concurrency}:{prompts}" for concurrency, prompts in group.runs]
         command += ["--", *bench_serving_flags(group.settings, host, port, group.output_file)]
