@@ -246,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--visible-special-tokens", action="store_true", help="bench requests with skip_special_tokens=False")
     add("--bench-args", default="", help="extra sglang.bench_serving flags for every run")
     add("--seed", type=int, default=1)
+    add("--log-tail-lines", type=int, default=LOG_TAIL_LINES,
+        help=f"server log lines kept per configuration in {sweep.SERVER_LOGS_FILE} (default %(default)s)")
     add("--bench-timeout-s", type=float, default=300.0,
         help="per run: the bench process is killed after this times the number of runs and warm-ups "
              "(default %(default)s)")
@@ -281,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             for entry in served:
                 server.stop_server(entry.running)
-            sweep.write_server_logs(out_dir, {entry.config: server.log_tail(entry.running.log_path, LOG_TAIL_LINES)
+            sweep.write_server_logs(out_dir, {entry.config: server.log_tail(entry.running.log_path, args.log_tail_lines)
                                               for entry in served})
             results.save_results(document, out_dir / RESULTS_FILE)
             (out_dir / REPORT_FILE).write_text(report_markdown(document, pair))
