@@ -1124,3 +1124,36 @@ def test_during_a_plain_probe_the_mode_it_returns_to_decides() -> None:
     steps = feed_probing(policy, [16] * 2, table, 1.0)
     assert steps[-1] == (PLAIN, True)
     assert not policy.expects_plain(StepObservation(16, table, 1.0))
+
+
+# --------------------------------------------------------------------------- a probe the batch outgrows
+
+
+def growing_batch_table(measured_speculative: Sequence[int]) -> CostTable:
+    """Speculation pays at batch 1 (gain 2 at acceptance 2) and loses at 48 even with every
+    draft accepted (gain 4 * 10 / 80 = 0.5)."""
+    plain = {b: 10.0 for b in BUCKETS}
+    spec = {b: 10.0 if b < 48 else 80.0 for b in BUCKETS}
+    unmeasured = [b for b in BUCKETS if b not in measured_speculative]
+    return CostTable(mode_costs(plain), mode_costs(spec, unmeasured=unmeasured))
+
+
+def test_a_speculative_probe_ends_where_speculation_loses_decisively() -> None:
+    table = growing_batch_table(measured_speculative=BUCKETS)
+    policy = make(PLAIN, probe_steps=P, decisive_band=DEFAULT_DECISIVE_BAND, refresh_interval=10,
+                  close_call_refresh_interval=10)
+    assert feed(policy, [48] * 9, table, 2.0) == [PLAIN] * 9
+    assert feed(policy, [1], table, 2.0) == [SPEC] and policy.probing  # a refresh probe
+    assert feed(policy, [48] * 3, table, 2.0) == [PLAIN] * 3
+    assert not policy.probing
+
+
+def test_a_speculative_probe_on_the_start_up_prior_runs_its_steps() -> None:
+    """With no speculative step timed, the costs at 48 are only the prior: the probe is what
+    measures them, whatever the batch."""
+    table = growing_batch_table(measured_speculative=())
+    policy = make(PLAIN, probe_steps=P, decisive_band=DEFAULT_DECISIVE_BAND, refresh_interval=10,
+                  close_call_refresh_interval=10)
+    assert feed(policy, [48] * 9, table, 2.0) == [PLAIN] * 9
+    assert feed(policy, [1], table, 2.0) == [SPEC] and policy.probing
+    assert feed(policy, [48] * (P - 1), table, 2.0) == [SPEC] * (P - 1)

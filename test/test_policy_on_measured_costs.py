@@ -231,3 +231,49 @@ def test_with_graphs_to_128_the_measured_costs_bound_speculation(concurrency: in
     # The server reported 44: a plain step of 44 requests runs the batch-48 graph (7.9 ms), so
     # speculation pays there again (gain 1.03) though not at 32 or 40.
     assert crossover_batch(TABLE_128, 3.0) == 44
+
+
+# --------------------- a refresh probe at a wave's first lone request, on the costs of 2026-12-02
+
+# `/server_info` of the 8B-shaped EAGLE3_DYNAMIC server before its first 128-request run of
+# benchmark/results/2026-12-02-h200-interleaved-0633-non-overlap-mla-moe-soak (plain measured
+# at bucket 64 only, speculative at 1 and 128; the others are estimates).
+PLAIN_MS_0633 = {1: 5.924, 2: 5.943, 4: 5.963, 8: 6.027, 12: 6.083, 16: 6.184, 24: 6.252,
+                 32: 6.331, 40: 6.435, 48: 6.519, 56: 6.59, 64: 6.703, 72: 6.823, 80: 6.936,
+                 88: 6.995, 96: 7.182, 104: 7.216, 112: 7.413, 120: 7.438, 128: 7.533}
+SPECULATIVE_MS_0633 = {1: 7.654, 2: 8.102, 3: 8.55, 4: 8.998, 5: 9.446, 6: 9.894, 7: 10.341,
+                       8: 10.789, 10: 11.685, 12: 12.581, 14: 13.476, 16: 14.372, 18: 15.268,
+                       20: 16.164, 22: 17.059, 24: 17.955, 26: 18.851, 28: 19.746, 30: 20.642,
+                       32: 21.538, 40: 25.121, 44: 26.912, 48: 28.703, 52: 30.495, 56: 32.286,
+                       60: 34.078, 64: 35.869, 72: 42.67, 80: 45.322, 88: 50.421, 96: 52.198,
+                       104: 58.633, 112: 70.868, 120: 62.484, 128: 64.532}
+
+
+def partly_measured(costs: dict, measured_buckets: tuple) -> ModeCosts:
+    buckets = tuple(sorted(costs))
+    return ModeCosts(buckets, tuple(costs[b] for b in buckets),
+                     tuple(b in measured_buckets for b in buckets))
+
+
+TABLE_0633 = CostTable(partly_measured(PLAIN_MS_0633, (64,)),
+                       partly_measured(SPECULATIVE_MS_0633, (1, 128)), 3.43)
+
+
+def test_a_speculative_probe_ends_when_the_wave_fills_the_batch() -> None:
+    """A 128-request wave ends, its last request alone is plain for the close-call refresh
+    interval, the next wave's first request arrives alone: a refresh probe speculates at batch 1
+    (it pays there) and the rest of the wave is prefilled before the next decode step, at 128.
+    The server kept the probe's 12 speculative steps (2 at batch 1, 10 at 128 of about 64 ms
+    against a plain step of about 10 ms); at 128 speculation loses even with every draft
+    accepted (gain 0.47), so the probe ends and the step runs plain."""
+    policy = CostPolicy(CostPolicyConfig(switch_patience=4, max_speculative_batch=128,
+                                         max_acceptance=4.0), DecodeMode.PLAIN)
+
+    def observe(batch: int, steps: int) -> list:
+        return [policy.decide(StepObservation(batch, TABLE_0633, 3.0)) for _ in range(steps)]
+
+    assert observe(128, 260) == [PLAIN] * 260
+    assert observe(1, 2) == [SPEC] * 2
+    assert policy.probing and policy.report()["probes"] == 1
+    assert observe(128, 10) == [PLAIN] * 10
+    assert not policy.probing

@@ -35,7 +35,9 @@ indexed by CUDA-graph bucket (the padded batch size a step really runs). The pol
   batch size with a perfect acceptance, or no speculative step has been timed at all (so a
   workload whose acceptance rose is noticed, a prior that left speculation is checked, and a
   close call is not left to a few unlucky verifies). A probe bypasses the patience
-  and then returns to the mode it interrupted, where the rules above (and their patience)
+  and then returns to the mode it interrupted (a speculative probe ends early at a batch where
+  speculation loses decisively even with every draft accepted, once a speculative step has
+  been timed), where the rules above (and their patience)
   decide again with what it measured; each (mode, bucket) cost probe happens at most once per
   ``refresh_interval`` steps, and a refresh probe resets the staleness clock.
 
@@ -226,7 +228,7 @@ class CostPolicy:
             self._streak.reset()
             return DecodeMode.PLAIN
         if self._probe is not None:
-            if self._probe.steps_left > 0:
+            if self._probe.steps_left > 0 and not self._speculative_probe_is_lost(observation):
                 self._probe.steps_left -= 1
                 return self._probe.mode
             self._mode = self._probe.return_mode
@@ -234,6 +236,23 @@ class CostPolicy:
         if observation.costs is None:
             return self._mode
         return self._decide_from_costs(observation.costs, batch_size, observation.acceptance)
+
+    def _speculative_probe_is_lost(self, observation: StepObservation) -> bool:
+        """A speculative probe whose batch has grown to where speculation loses decisively even
+        with every draft accepted (a probe started at a wave's first lone request, the rest of
+        the wave prefilled before its next step): its remaining steps cannot pay and measure
+        nothing a decision there needs. On the start-up prior alone the probe is what measures
+        the speculative cost, so it runs on."""
+        costs = observation.costs
+        if self._probe.mode is not DecodeMode.SPECULATIVE or costs is None:
+            return False
+        if not any(costs.speculative.measured):
+            return False
+        gains = self._gains(costs, observation.batch_size, observation.acceptance)
+        if gains is None:
+            return False
+        best = speculative_gain(self._config.max_acceptance, gains.plain.step_ms, gains.spec.step_ms)
+        return best < self._decisive_loss_below()
 
     def _decide_from_costs(
         self, costs: CostTable, batch_size: int, acceptance: Optional[float]
