@@ -337,12 +337,17 @@ def send_in_waves(server, prompts: Sequence[Dict], wave_size: int, **kwargs) -> 
 def assert_lossless_across_switches(
     dynamic: Server, plain: Server, prompts: Sequence[Dict], wave_size: int, label: str,
     min_switches: int = 10, reference: Optional[Server] = None,
+    judged_by_reference: bool = False,
 ) -> Dict[str, float]:
     """Send ``prompts`` in waves to both servers; the dynamic server must switch at least
     ``min_switches`` times each way and match the plain server (bf16 rule of
     ``token_comparison``). With a ``reference`` server (sglang's EAGLE3 of the same pair), its
     outputs are compared with plain too, and the dynamic server may show at most
-    ``flip_allowance`` more bf16 flips than it. Returns the dynamic server's counters."""
+    ``flip_allowance`` more bf16 flips than it. ``judged_by_reference``: for a target whose
+    outputs move beyond the bf16 rule with the batch's shape (an MoE's expert choice flips at a
+    near-tie of its router), every difference from plain counts, flips and others, and the
+    dynamic server may show at most ``flip_allowance`` more than the reference. Returns the
+    dynamic server's counters."""
     before = dynamic.dynamic_counters()
     outputs = send_in_waves(dynamic, prompts, wave_size)
     after = dynamic.dynamic_counters()
@@ -357,8 +362,14 @@ def assert_lossless_across_switches(
         reference_comparison = compare_outputs(
             send_in_waves(reference, prompts, wave_size), expected, flip_margin)
         print(f"{label}: {reference.name} against plain: {reference_comparison.summary()}")
-        allowed = len(reference_comparison.flips) + flip_allowance(len(reference_comparison.flips))
-        assert len(comparison.flips) <= allowed
+        if judged_by_reference:
+            differing = len(reference_comparison.flips) + len(reference_comparison.failures)
+            allowed = differing + flip_allowance(differing)
+            assert len(comparison.flips) + len(comparison.failures) <= allowed
+        else:
+            allowed = len(reference_comparison.flips) + flip_allowance(len(reference_comparison.flips))
+            assert len(comparison.flips) <= allowed
     assert min(switches.values()) >= min_switches
-    assert not comparison.failures
+    if not judged_by_reference:
+        assert not comparison.failures
     return after
