@@ -30,7 +30,6 @@ logger = logging.getLogger("sweep")
 
 RESULTS_FILE = "results.json"
 INTERRUPTED = "interrupted (SIGTERM: an outer timeout)"
-ADAPTIVE_CONFIG_FILE = "adaptive_config.json"
 SERVER_LOGS_FILE = "server_logs_tail.txt"
 ERROR_TAIL_LINES = 30
 
@@ -271,11 +270,8 @@ def build_plan(args: argparse.Namespace, out_dir: Path) -> argparse.Namespace:
     plan.concurrencies = parse_int_list(plan.concurrencies)
     plan.warmup_output_len = warmup_output_len(args.warmup_output_len, plan.output_len)
     plan.server_env = configs.parse_env_assignments(args.server_env)
-    if configs.ADAPTIVE in plan.config_names and args.adaptive_config is None:
-        plan.adaptive_config = str((out_dir / ADAPTIVE_CONFIG_FILE).resolve())
-        configs.write_adaptive_config(Path(plan.adaptive_config))
-    plan.setup = configs.server_setup(
-        args, plan.adaptive_config, configs.SpeculativeShape(args.spec_steps, args.spec_topk, args.spec_draft_tokens))
+    plan.adaptive_config = configs.adaptive_config_path(args, plan.config_names, out_dir)
+    plan.setup = configs.server_setup(args, plan.adaptive_config)
     plan.bench_settings = bench.BenchSettings(
         args.tokenizer or args.model_path, args.input_len, plan.output_len, args.seed,
         args.visible_special_tokens, tuple(shlex.split(args.bench_args)))
@@ -365,10 +361,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add("--probe-requests", "sequential TTFT probe requests per server, 0 = none " + quick_default("probe_requests"),
         type=int)
     add("--quick", "short smoke sweep; explicit flags still win", action="store_true")
-    add("--adaptive-config", "adaptive config JSON (default: one with steps <= 3, written into --out)")
-    add("--spec-steps", "--speculative-num-steps (default %(default)s)", type=int, default=3)
-    add("--spec-topk", "--speculative-eagle-topk (default %(default)s)", type=int, default=1)
-    add("--spec-draft-tokens", "--speculative-num-draft-tokens (default %(default)s)", type=int, default=4)
     add("--visible-special-tokens", "bench requests with skip_special_tokens=False", action="store_true")
     add("--bench-args", "extra sglang.bench_serving flags for every run", default="")
     add("--seed", "bench_serving and probe seed (default %(default)s)", type=int, default=1)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
 
 import sweep  # noqa: E402
-from sweeplib import bench, bench_driver, mode_counters, results  # noqa: E402
+from sweeplib import bench, bench_driver, configs, mode_counters, results  # noqa: E402
 from benchmark_helpers import bench_result_line, counters, flag_values  # noqa: E402
 
 
@@ -93,7 +93,7 @@ def test_quick_defaults_and_explicit_flags(tmp_path):
     assert explicit.concurrencies == [2, 8]
     full = sweep.build_plan(parser.parse_args(base), tmp_path)
     assert full.concurrencies == sweep.parse_int_list(sweep.FULL_DEFAULTS["concurrencies"])
-    assert (tmp_path / sweep.ADAPTIVE_CONFIG_FILE).exists()
+    assert (tmp_path / configs.ADAPTIVE_CONFIG_FILE).exists()
 
 
 def test_configuration_skipped_without_a_server_once_the_time_budget_is_spent(tmp_path, monkeypatch):

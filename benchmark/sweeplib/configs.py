@@ -131,12 +131,29 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                               help="environment variable for every server, repeatable")),
         ("--host", dict(default="127.0.0.1")), ("--port", dict(type=int, default=30000)),
         ("--server-timeout-s", dict(type=float, default=300.0, help="longest wait for /health (default %(default)s)")),
+        ("--adaptive-config", dict(help="adaptive config JSON (default: one with steps <= 3, written into --out)")),
+        ("--spec-steps", dict(type=int, default=3, help="--speculative-num-steps (default %(default)s)")),
+        ("--spec-topk", dict(type=int, default=1, help="--speculative-eagle-topk (default %(default)s)")),
+        ("--spec-draft-tokens", dict(type=int, default=4,
+                                     help="--speculative-num-draft-tokens (default %(default)s)")),
     ):
         parser.add_argument(flag, **kwargs)
 
 
-def server_setup(args: argparse.Namespace, adaptive_config_path: str | None = None,
-                 spec_shape: SpeculativeShape = SpeculativeShape()) -> ServerSetup:
+ADAPTIVE_CONFIG_FILE = "adaptive_config.json"
+
+
+def adaptive_config_path(args: argparse.Namespace, config_names: list[str], out_dir: Path) -> str | None:
+    """The adaptive configuration's config file: --adaptive-config, or (when the adaptive
+    configuration is served without one) the default, written into ``out_dir``."""
+    if ADAPTIVE not in config_names or args.adaptive_config is not None:
+        return args.adaptive_config
+    path = (out_dir / ADAPTIVE_CONFIG_FILE).resolve()
+    write_adaptive_config(path)
+    return str(path)
+
+
+def server_setup(args: argparse.Namespace, adaptive_config: str | None = None) -> ServerSetup:
     return ServerSetup(args.model_path, args.draft_model_path, args.load_format, args.host, args.port,
                        tuple(shlex.split(args.common_args)), tuple(shlex.split(args.dynamic_args)),
-                       adaptive_config_path, spec_shape)
+                       adaptive_config, SpeculativeShape(args.spec_steps, args.spec_topk, args.spec_draft_tokens))
