@@ -79,6 +79,15 @@ def test_defaults_for_llama_target_are_a_chain(prepare, draft):
     assert steps >= 1 and tokens == steps + 1
 
 
+def test_with_trees_enabled_the_defaults_are_eagle3s_tree(prepare, draft, monkeypatch):
+    monkeypatch.setenv("SGLANG_DYNAMIC_EAGLE_EXPERIMENTAL_TREES", "1")
+    eagle3, dynamic = _both(prepare, draft)
+    assert _spec_params(dynamic) == _spec_params(eagle3) == (5, 4, 8)
+    # A partial chain is still completed as a chain.
+    chain = prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, "--speculative-num-steps", "2")
+    assert _spec_params(chain) == (2, 1, 3)
+
+
 @pytest.mark.parametrize(
     "argv, shape",
     [

@@ -24,6 +24,7 @@ from sglang_dynamic_eagle.deferred_draft_prefill import deferred_prefill_window
 from sglang_dynamic_eagle.draft_catchup import catchup_budget_bytes, catchup_max_window
 from sglang_dynamic_eagle.draft_prefill import draft_prefill_choice
 from sglang_dynamic_eagle.flags import ALGORITHM_NAME, current_flags
+from sglang_dynamic_eagle.unsupported import EXPERIMENTAL_TREES_ENV, experimental_trees
 
 if TYPE_CHECKING:
     import torch
@@ -123,16 +124,20 @@ def _complete_chain_drafting(server_args: ServerArgs) -> None:
     handling sets them from the steps; the steps are derived here from draft tokens alone).
 
     With none of the three flags EAGLE3's automatic choice for Llama targets would be a
-    topk-4 tree, which EAGLE3_DYNAMIC does not support yet (``unsupported`` refuses an
-    explicit one), so the default is ``DEFAULT_DRAFT_SHAPE``. sglang 0.5.17 itself fails
-    with a TypeError when only the step count is given, and an AssertionError when only the
-    draft-token count is.
+    topk-4 tree, which ``unsupported`` refuses unless trees are enabled: then the choice is
+    left to EAGLE3's (the same shape as ``--speculative-algorithm EAGLE3``), otherwise the
+    default is ``DEFAULT_DRAFT_SHAPE``. sglang 0.5.17 itself fails with a TypeError when only
+    the step count is given, and an AssertionError when only the draft-token count is.
     """
     given = (
         server_args.speculative_num_steps,
         server_args.speculative_eagle_topk,
         server_args.speculative_num_draft_tokens,
     )
+    if given == (None, None, None) and experimental_trees():
+        logger.info("%s: no draft shape given and %s=1: EAGLE3's default shape.",
+                    ALGORITHM_NAME, EXPERIMENTAL_TREES_ENV)
+        return
     steps, topk, tokens = given
     topk = 1 if topk is None else topk
     if steps is None and tokens is None:
