@@ -99,9 +99,19 @@ def parse_workload(text: str, waves: int, min_prompts: int) -> Workload:
 
 
 def workloads_of(args: argparse.Namespace) -> list[Workload]:
+    """The workloads to run; two with the same lengths may not share a concurrency (their
+    runs would share a label and result files)."""
     if not args.workload:
         return [Workload(args.input_len, args.output_len, tuple(args.concurrencies), args.waves, args.min_prompts)]
-    return [parse_workload(text, args.waves, args.min_prompts) for text in args.workload]
+    workloads = [parse_workload(text, args.waves, args.min_prompts) for text in args.workload]
+    seen: set[tuple[str, int]] = set()
+    for workload in workloads:
+        for concurrency in workload.concurrencies:
+            if (workload.label, concurrency) in seen:
+                raise ValueError(f"--workload: {workload.label} at concurrency {concurrency} is given twice; "
+                                 "list each concurrency of a prompt and output length once")
+            seen.add((workload.label, concurrency))
+    return workloads
 
 
 def max_total_tokens(args: argparse.Namespace, workloads: list[Workload]) -> int:

@@ -150,10 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    setup = configs.server_setup(args)
+    names = configs.parse_config_list(args.configs)
+    setup = configs.server_setup(args, configs.adaptive_config_path(args, names, out_dir))
     env = configs.parse_env_assignments(args.server_env)
-    summaries = {config: profile_config(config, setup, env, args, out_dir)
-                 for config in configs.parse_config_list(args.configs)}
+    summaries = {config: profile_config(config, setup, env, args, out_dir) for config in names}
     command = shlex.join([sys.executable] + sys.argv)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     (out_dir / "profile.md").write_text(

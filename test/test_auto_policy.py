@@ -1157,3 +1157,16 @@ def test_a_speculative_probe_on_the_start_up_prior_runs_its_steps() -> None:
     assert feed(policy, [48] * 9, table, 2.0) == [PLAIN] * 9
     assert feed(policy, [1], table, 2.0) == [SPEC] and policy.probing
     assert feed(policy, [48] * (P - 1), table, 2.0) == [SPEC] * (P - 1)
+
+
+def test_a_plain_probe_runs_its_steps_where_speculation_loses_decisively() -> None:
+    """The early end is for speculative probes: a plain probe (a cost probe while speculating)
+    keeps its steps, its mode being the one that wins there."""
+    plain = {b: 10.0 for b in BUCKETS}
+    spec = {b: 10.0 if b < 48 else 80.0 for b in BUCKETS}
+    table = CostTable(mode_costs(plain, unmeasured=[16]), mode_costs(spec))
+    policy = make(SPEC, probe_steps=P, decisive_band=DEFAULT_DECISIVE_BAND, refresh_interval=10_000,
+                  max_acceptance=1.0)
+    assert feed(policy, [16], table, 1.0) == [PLAIN] and policy.probing  # gain 1.0: a cost probe
+    assert feed(policy, [48] * (P - 1), table, 1.0) == [PLAIN] * (P - 1)
+    assert policy.probing and policy.report()["probes"] == 1

@@ -45,6 +45,15 @@ def test_a_malformed_workload_is_refused_with_the_expected_form(tmp_path, text):
         interleaved.workloads_of(parse(tmp_path, "--workload", text))
 
 
+def test_a_length_and_concurrency_given_twice_is_refused(tmp_path):
+    args = parse(tmp_path, "--workload", "1024x2:128:prompts=256", "--workload", "1024x2:128,16")
+    with pytest.raises(ValueError, match="1024x2 at concurrency 128 is given twice"):
+        interleaved.workloads_of(args)
+    # The same concurrency with other lengths is another workload.
+    args = parse(tmp_path, "--workload", "512x256:128", "--workload", "1024x2:128")
+    assert len(interleaved.workloads_of(args)) == 2
+
+
 def test_the_kv_cap_holds_the_largest_workload_in_flight_with_headroom(tmp_path):
     args = parse(tmp_path, "--workload", "512x256:128,64", "--workload", "1024x2:64")
     assert interleaved.max_total_tokens(args, interleaved.workloads_of(args)) == 122880  # 1.25 x 128 x 768

@@ -94,3 +94,36 @@ def test_the_bf16_margin_is_eight_units_read_from_the_plain_margins() -> None:
 def test_flip_allowance_grows_with_the_reference_count() -> None:
     assert token_comparison.flip_allowance(0) == 3
     assert token_comparison.flip_allowance(36) == 15
+
+
+def ids_outputs(*id_lists):
+    return [{"output_ids": list(ids)} for ids in id_lists]
+
+
+PLAIN_IDS = ids_outputs([1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16])
+
+
+def test_agreed_fraction_counts_tokens_before_each_first_difference():
+    outputs = ids_outputs([1, 2, 3, 4], [5, 0, 0, 0], [0, 10, 11, 12], [13, 14, 15])
+    # 4 + 1 + 0 + 3 of 16 (a shorter output agrees up to its end)
+    assert token_comparison.agreed_fraction(outputs, PLAIN_IDS) == 8 / 16
+    assert token_comparison.differing_prompts(outputs, PLAIN_IDS) == 3
+
+
+def test_within_the_reference_when_it_differs_as_much():
+    reference = ids_outputs([1, 2, 0, 0], [5, 6, 7, 8], [9, 10, 11, 0], [13, 14, 15, 16])
+    server = ids_outputs([1, 2, 3, 4], [5, 6, 0, 0], [9, 10, 11, 0], [13, 14, 15, 16])
+    verdict = token_comparison.reference_verdict(server, reference, PLAIN_IDS)
+    assert (verdict.differing, verdict.reference_differing) == (2, 2)
+    assert verdict.within
+
+
+def test_a_server_that_diverges_early_everywhere_is_outside_the_reference():
+    """Four differing prompts are within the count allowance of two (2 + 2 + 3), but the share
+    of plain's tokens before the first differences falls from 13/16 to 4/16."""
+    reference = ids_outputs([1, 2, 0, 0], [5, 6, 7, 8], [9, 10, 11, 0], [13, 14, 15, 16])
+    broken = ids_outputs([1, 0, 0, 0], [5, 0, 0, 0], [9, 0, 0, 0], [13, 0, 0, 0])
+    verdict = token_comparison.reference_verdict(broken, reference, PLAIN_IDS)
+    assert verdict.differing <= verdict.reference_differing + token_comparison.flip_allowance(2)
+    assert not verdict.within
+    assert "differing prompts 4 (reference 2)" in verdict.summary()

@@ -13,13 +13,15 @@ server of the same configuration, in bf16 with dummy weights drawn by the test p
   the cache, or alone with time to spare;
 * ``mla_moe``: the DeepSeek-V3-shaped MLA + MoE pair that models/mla_moe_dummy_pair.py writes,
   with triton attention (which implements MLA). Its outputs move beyond the bf16 rule with the
-  batch's shape: on one H200 (2026-12-02, a run that started at 06:43 UTC) 12 of 64 prompts
-  differed from plain decoding at plain top-2 margins of 0.03-0.28 (the rule's margin: 0.125),
-  one at the first output token, which comes from the prefill and from no speculative or plain
-  step. So sglang's EAGLE3 on the same pair is the reference: EAGLE3_DYNAMIC may differ from
-  plain in at most ``flip_allowance`` more prompts than EAGLE3 does (three servers).
+  batch's shape: on one H200 (2026-12-02, a run that started at 06:43 UTC) 43 of 64 prompts
+  differed from plain decoding (5 ties, 26 bf16 flips), 12 of them at plain top-2 margins of
+  0.03-0.28, beyond the rule's margin of 0.125, one at the first output token, which comes from
+  the prefill and from no speculative or plain step. So sglang's EAGLE3 on the same pair is the
+  reference (``token_comparison.ReferenceVerdict``: about as many differing prompts, about as
+  much of plain's output before the first differences), and a fourth server, whose plain steps
+  write their K/V one slot early (the 8B-shaped suite's negative control), must fall outside it.
 
-Each configuration starts its own servers (two; mla_moe three), about 3 minutes with its tests;
+Each configuration starts its own servers (two; mla_moe four), about 3 minutes with its tests;
 select one per run with ``-k``, e.g.
 ``bash test/gpu/run_on_device.sh test/gpu/test_dynamic_eagle_configurations.py -k mla_moe``.
 """
@@ -45,7 +47,9 @@ from gpu_servers import (
     eagle3_args,
     make_prompts,
     running_servers,
+    send_in_waves,
 )
+from token_comparison import reference_verdict
 
 pytestmark = pytest.mark.gpu
 
@@ -64,9 +68,11 @@ CONFIGURATIONS: Dict[str, Tuple[str, List[str], List[str]]] = {
 }
 # Pairs judged against sglang's EAGLE3 on the same pair (module docstring).
 JUDGED_BY_EAGLE3 = {"mla_moe"}
-# Three servers start together: each caps its KV pool (the small MLA pair's 49,152 tokens take
-# well under 1 GiB) and leaves a tenth of the memory free at its start, as the 8B-shaped suite's.
-THREE_SERVER_MEMORY_FLAGS = ["--mem-fraction-static", "0.9", "--max-total-tokens", "49152"]
+# Four servers of the small MLA pair: each caps its KV pool (49,152 tokens take well under
+# 1 GiB) and leaves a tenth of the memory free at its start, as the 8B-shaped suite's do.
+SHARED_MEMORY_FLAGS = ["--mem-fraction-static", "0.9", "--max-total-tokens", "49152"]
+# test/gpu/native_ops_plugin: a plain step that writes its K/V one slot early.
+BREAK_PLAIN_STEP_ENV = "SGLANG_DE_TEST_BREAK_PLAIN_STEP"
 
 
 def mla_moe_args(kit_models: Path, out: Path) -> Tuple[List[str], List[str]]:
@@ -94,11 +100,14 @@ def configuration_servers(request, kit_models, tmp_path_factory) -> Iterator[Dic
             "--mem-fraction-static", "0.6", "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
             *FIXED_THRESHOLD_FLAGS, *dynamic_extra],
     }
+    server_envs = {}
     if request.param in JUDGED_BY_EAGLE3:
         specs["eagle3"] = target + common_extra + ["--speculative-algorithm", "EAGLE3", *draft]
-        specs = {name: args + THREE_SERVER_MEMORY_FLAGS for name, args in specs.items()}
+        specs["broken"] = specs["dynamic"]
+        server_envs[f"{request.param}_broken"] = {BREAK_PLAIN_STEP_ENV: "kv-slot"}
+        specs = {name: args + SHARED_MEMORY_FLAGS for name, args in specs.items()}
     with running_servers({f"{request.param}_{name}": args for name, args in specs.items()},
-                         env=dummy_weights_env()) as started:
+                         env=dummy_weights_env(), server_envs=server_envs) as started:
         yield {name: started[f"{request.param}_{name}"] for name in specs}
 
 
@@ -118,3 +127,21 @@ def test_more_than_48_requests_at_once(configuration_servers):
     with ThreadPoolExecutor(max_workers=CAPACITY_REQUESTS) as pool:
         list(pool.map(lambda p: server.generate(p["input_ids"][:64], 48), prompts))
     assert server.dynamic_counters()["max_plain_batch"] > 48
+
+
+def test_negative_control_a_broken_plain_step_is_outside_the_reference(configuration_servers, request):
+    """What the reference rule accepts must not hold for a plain step that writes its K/V one
+    slot early (configurations judged against EAGLE3 only)."""
+    label = request.node.callspec.params["configuration_servers"]
+    if label not in JUDGED_BY_EAGLE3:
+        pytest.skip("judged by the bf16 rule, whose negative control is the 8B-shaped suite's")
+    prompts = make_prompts(NUM_PROMPTS, seed=PROMPT_SEED)
+    servers = configuration_servers
+    broken = send_in_waves(servers["broken"], prompts, WAVE_SIZE)
+    reference = send_in_waves(servers["eagle3"], prompts, WAVE_SIZE)
+    plain = send_in_waves(servers["plain"], prompts, WAVE_SIZE)
+    verdict = reference_verdict(broken, reference, plain)
+    print(f"{label} negative control (K/V one slot early): {verdict.summary()}; "
+          f"plain steps {servers['broken'].dynamic_counters()['plain_steps']}")
+    assert servers["broken"].dynamic_counters()["plain_steps"] > 0
+    assert not verdict.within

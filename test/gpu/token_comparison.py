@@ -143,3 +143,57 @@ def flip_allowance(reference_flips: int) -> int:
     """How many more bf16 flips than the reference server's (sglang's EAGLE3 on the same
     prompts) a server may show: two standard deviations of a count of that size, plus 3."""
     return int(2 * reference_flips**0.5) + 3
+
+
+# How much less of plain's output a server may reproduce before its first differences than the
+# reference server does (a fraction of plain's output tokens), under ``within_reference``.
+AGREED_FRACTION_SLACK = 0.1
+
+
+def agreed_fraction(outputs: Sequence[dict], plain: Sequence[dict]) -> float:
+    """Output tokens equal to plain's before each prompt's first difference, over plain's
+    output tokens."""
+    agreed = 0
+    for output, plain_output in zip(outputs, plain):
+        position = first_difference(output["output_ids"], plain_output["output_ids"])
+        agreed += len(plain_output["output_ids"]) if position is None else position
+    total = sum(len(plain_output["output_ids"]) for plain_output in plain)
+    return agreed / total if total else 1.0
+
+
+def differing_prompts(outputs: Sequence[dict], plain: Sequence[dict]) -> int:
+    return sum(first_difference(output["output_ids"], plain_output["output_ids"]) is not None
+               for output, plain_output in zip(outputs, plain))
+
+
+@dataclass(frozen=True)
+class ReferenceVerdict:
+    """A server's outputs against plain decoding's, next to a reference server's (sglang's
+    EAGLE3 on the same pair), for targets whose outputs move beyond bf16 rounding with the
+    batch's shape (an MoE's router picks another expert at a near-tie): a server within the
+    reference differs from plain in at most ``flip_allowance`` more prompts than the
+    reference, and reproduces at least the reference's share of plain's tokens before its
+    first differences, less ``AGREED_FRACTION_SLACK``. A broken step that corrupts decoding
+    from some step on cuts that share even where the count of differing prompts saturates."""
+
+    differing: int
+    reference_differing: int
+    agreed: float
+    reference_agreed: float
+
+    @property
+    def within(self) -> bool:
+        allowed = self.reference_differing + flip_allowance(self.reference_differing)
+        return (self.differing <= allowed
+                and self.agreed >= self.reference_agreed - AGREED_FRACTION_SLACK)
+
+    def summary(self) -> str:
+        return (f"differing prompts {self.differing} (reference {self.reference_differing}), "
+                f"share of plain's tokens before the first difference {self.agreed:.3f} "
+                f"(reference {self.reference_agreed:.3f})")
+
+
+def reference_verdict(outputs: Sequence[dict], reference: Sequence[dict],
+                      plain: Sequence[dict]) -> ReferenceVerdict:
+    return ReferenceVerdict(differing_prompts(outputs, plain), differing_prompts(reference, plain),
+                            agreed_fraction(outputs, plain), agreed_fraction(reference, plain))
