@@ -284,7 +284,6 @@ def test_validate_accepts_supported_configuration():
         ({"disaggregation_mode": "decode"}, "--disaggregation-mode"),
         ({"enable_lora": True}, "--enable-lora"),
         ({"lora_paths": ["a=/lora"]}, "--lora-paths"),
-        ({"speculative_eagle_topk": 2}, "--speculative-eagle-topk"),
         ({"enable_attn_tp_input_scattered": True}, "--enable-attn-tp-input-scattered"),
         ({"speculative_use_rejection_sampling": True}, "--speculative-use-rejection-sampling"),
         ({"use_ray": True}, "--use-ray"),
@@ -297,14 +296,8 @@ def test_validate_rejects_unsupported(overrides, needle):
     assert "\n" not in str(excinfo.value)
 
 
-def test_trees_start_only_when_asked_for_as_an_experiment(monkeypatch):
-    from sglang_dynamic_eagle.unsupported import EXPERIMENTAL_TREES_ENV
-
-    monkeypatch.setenv(EXPERIMENTAL_TREES_ENV, "1")
+def test_trees_start():
     flags.validate_server_args(_server_args(speculative_eagle_topk=4))
-    monkeypatch.setenv(EXPERIMENTAL_TREES_ENV, "0")
-    with pytest.raises(ValueError, match=EXPERIMENTAL_TREES_ENV):
-        flags.validate_server_args(_server_args(speculative_eagle_topk=4))
 
 
 def test_validate_rejects_enable_above_disable(monkeypatch):

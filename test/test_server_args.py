@@ -65,22 +65,9 @@ def test_defaults_resolve_like_eagle3_for_generic_target(prepare, draft):
     assert _spec_params(dynamic) == _spec_params(eagle3)
 
 
-def test_defaults_for_llama_target_are_a_chain(prepare, draft):
-    """LEAD: sglang picks (5 steps, topk 4, 8 tokens) for LlamaForCausalLM under EAGLE3.
-
-    EAGLE3_DYNAMIC supports chain drafting only (topk 1), and validate_server_args runs
-    before these defaults are filled in, so handle_server_args must choose a chain when
-    the user gave no steps/topk/draft tokens.
-    """
-    eagle3, dynamic = _both(prepare, draft)
-    assert _spec_params(eagle3) == (5, 4, 8)
-    steps, topk, tokens = _spec_params(dynamic)
-    assert topk == 1
-    assert steps >= 1 and tokens == steps + 1
-
-
-def test_with_trees_enabled_the_defaults_are_eagle3s_tree(prepare, draft, monkeypatch):
-    monkeypatch.setenv("SGLANG_DYNAMIC_EAGLE_EXPERIMENTAL_TREES", "1")
+def test_defaults_for_llama_target_are_eagle3s_tree(prepare, draft):
+    """sglang picks (5 steps, topk 4, 8 tokens) for LlamaForCausalLM under EAGLE3, and
+    EAGLE3_DYNAMIC without shape flags takes the same tree."""
     eagle3, dynamic = _both(prepare, draft)
     assert _spec_params(dynamic) == _spec_params(eagle3) == (5, 4, 8)
     # A partial chain is still completed as a chain.
@@ -241,13 +228,6 @@ BAD = [
     pytest.param(["--disaggregation-mode", "prefill"], "--disaggregation-mode", id="pd-prefill"),
     pytest.param(["--enable-lora"], "--enable-lora", id="enable-lora"),
     pytest.param(["--lora-paths", "adapter=/nonexistent/lora"], "--lora-paths", id="lora-paths"),
-    pytest.param(
-        ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
-         "--speculative-num-draft-tokens", "8"],
-        "--speculative-eagle-topk",
-        id="topk-4",
-    ),
-    pytest.param(["--speculative-eagle-topk", "2"], "--speculative-eagle-topk", id="topk-2-alone"),
     pytest.param(
         ["--enable-attn-tp-input-scattered"], "--enable-attn-tp-input-scattered", id="attn-tp-scattered"
     ),

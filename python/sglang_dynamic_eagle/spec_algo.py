@@ -24,7 +24,6 @@ from sglang_dynamic_eagle.deferred_draft_prefill import deferred_prefill_window
 from sglang_dynamic_eagle.draft_catchup import catchup_budget_bytes, catchup_max_window
 from sglang_dynamic_eagle.draft_prefill import draft_prefill_choice
 from sglang_dynamic_eagle.flags import ALGORITHM_NAME, current_flags
-from sglang_dynamic_eagle.unsupported import EXPERIMENTAL_TREES_ENV, experimental_trees
 
 if TYPE_CHECKING:
     import torch
@@ -36,7 +35,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _EAGLE3 = SpeculativeAlgorithm.EAGLE3
-DEFAULT_DRAFT_SHAPE = (3, 1, 4)
+# The chain completed when only the topk 1 is given (EAGLE3 would need steps and draft tokens).
+DEFAULT_CHAIN_SHAPE = (3, 1, 4)
 
 
 def speculative_graph_max_bs(disable_batch_threshold: Optional[int], graph_max_bs: int) -> int:
@@ -119,29 +119,27 @@ class DynamicEagleSpecAlgo(CustomSpecAlgo):
 
 
 def _complete_chain_drafting(server_args: ServerArgs) -> None:
-    """A chain (topk 1) unless the user chose the topk, so one of the step count and the
-    draft-token count is enough: a chain's draft tokens are steps + 1 (sglang's EAGLE3
-    handling sets them from the steps; the steps are derived here from draft tokens alone).
-
-    With none of the three flags EAGLE3's automatic choice for Llama targets would be a
-    topk-4 tree, which ``unsupported`` refuses unless trees are enabled: then the choice is
-    left to EAGLE3's (the same shape as ``--speculative-algorithm EAGLE3``), otherwise the
-    default is ``DEFAULT_DRAFT_SHAPE``. sglang 0.5.17 itself fails with a TypeError when only
-    the step count is given, and an AssertionError when only the draft-token count is.
+    """Without any of the three draft-shape flags, EAGLE3's own shape (sglang's automatic
+    choice: a topk-4 tree of 5 steps and 8 draft tokens for Llama targets, a chain for most
+    others). With some of them, a chain (topk 1) unless the user chose the topk, so one of the
+    step count and the draft-token count is enough: a chain's draft tokens are steps + 1
+    (sglang's EAGLE3 handling sets them from the steps; the steps are derived here from draft
+    tokens alone); with neither, ``DEFAULT_CHAIN_SHAPE``'s. sglang 0.5.17 itself fails with a
+    TypeError when only the step count is given, and an AssertionError when only the
+    draft-token count is.
     """
     given = (
         server_args.speculative_num_steps,
         server_args.speculative_eagle_topk,
         server_args.speculative_num_draft_tokens,
     )
-    if given == (None, None, None) and experimental_trees():
-        logger.info("%s: no draft shape given and %s=1: EAGLE3's default shape.",
-                    ALGORITHM_NAME, EXPERIMENTAL_TREES_ENV)
+    if given == (None, None, None):
+        logger.info("%s: no draft shape given: EAGLE3's default shape.", ALGORITHM_NAME)
         return
     steps, topk, tokens = given
     topk = 1 if topk is None else topk
     if steps is None and tokens is None:
-        steps, tokens = DEFAULT_DRAFT_SHAPE[0], DEFAULT_DRAFT_SHAPE[2]
+        steps, tokens = DEFAULT_CHAIN_SHAPE[0], DEFAULT_CHAIN_SHAPE[2]
     elif steps is None:
         steps = tokens - 1
     if (steps, topk, tokens) == given:
@@ -151,14 +149,8 @@ def _complete_chain_drafting(server_args: ServerArgs) -> None:
         server_args.speculative_eagle_topk,
         server_args.speculative_num_draft_tokens,
     ) = (steps, topk, tokens)
-    logger.info(
-        "%s: speculative steps %d, topk %d, draft tokens %d (%s).",
-        ALGORITHM_NAME,
-        steps,
-        topk,
-        tokens,
-        "defaults" if given == (None, None, None) else "completed from the flags given",
-    )
+    logger.info("%s: speculative steps %d, topk %d, draft tokens %d (completed from the flags given).",
+                ALGORITHM_NAME, steps, topk, tokens)
 
 
 def _limit_speculative_graphs(server_args: ServerArgs) -> None:

@@ -8,21 +8,12 @@ sglang's ``adaptive_unsupported_reason``); ``flags.validate_server_args`` raises
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
 from sglang_dynamic_eagle.policy import ALGORITHM_NAME
 
 _USE_EAGLE3 = "use --speculative-algorithm EAGLE3 instead"
-# Lets tree drafting (topk > 1) start: the plain step and the catch-up are shape-generic and a
-# tree ran lossless on the tiny pair, but not yet on the 8B-shaped model or in a benchmark.
-EXPERIMENTAL_TREES_ENV = "SGLANG_DYNAMIC_EAGLE_EXPERIMENTAL_TREES"
-
-
-def experimental_trees() -> bool:
-    return os.environ.get(EXPERIMENTAL_TREES_ENV, "0") == "1"
-
 Getter = Callable[[str], Any]
 
 
@@ -104,12 +95,6 @@ UNSUPPORTED: Tuple[UnsupportedCombination, ...] = (
         "decoding with EAGLE's draft and verify work on top",
         "use at least one draft step (--speculative-num-steps 1 or more) or run without "
         "--speculative-algorithm",
-    ),
-    UnsupportedCombination(
-        lambda get: f"--speculative-eagle-topk {get('speculative_eagle_topk')}",
-        lambda get: (get("speculative_eagle_topk") or 1) > 1 and not experimental_trees(),
-        "tree drafting has not been run with the plain step and the draft catch-up yet",
-        f"use --speculative-eagle-topk 1 (or set {EXPERIMENTAL_TREES_ENV}=1 to try a tree)",
     ),
     UnsupportedCombination(
         _named("--enable-attn-tp-input-scattered"),

@@ -10,7 +10,6 @@ import pytest
 
 from sglang_dynamic_eagle.deferred_draft_prefill import DEFER_ENV
 from sglang_dynamic_eagle.draft_catchup import CATCHUP_WINDOW_ENV
-from sglang_dynamic_eagle.unsupported import EXPERIMENTAL_TREES_ENV
 
 from gpu_servers import (
     KIT_MODELS,
@@ -79,7 +78,7 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
         "tiny_dynamic_deferred_w1": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC",
                                               *draft, *FIXED_THRESHOLD_FLAGS],
     }
-    env = {**tiny_pair_server_env(), EXPERIMENTAL_TREES_ENV: "1"}
+    env = tiny_pair_server_env()
     server_envs = {
         "tiny_dynamic_window1": {CATCHUP_WINDOW_ENV: "1"},
         "tiny_dynamic_deferred": {DEFER_ENV: str(DEFERRED_PREFILL_WINDOW)},

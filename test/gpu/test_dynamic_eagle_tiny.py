@@ -8,8 +8,7 @@
   acceptance within 10% of always-on EAGLE3 on the same prompts, and clearly above a
   server whose catch-up window is one position (the negative control);
 * both of the above with chain drafting and with sglang's EAGLE3 tree for Llama
-  (5 steps, topk 4, 8 draft tokens; trees start only with
-  SGLANG_DYNAMIC_EAGLE_EXPERIMENTAL_TREES=1, which the tiny servers set);
+  (5 steps, topk 4, 8 draft tokens);
 * deferred draft prefill: prefills that join a batch the policy expects to decode plainly,
   with the draft's prefill left to the catch-up, give exactly the plain server's tokens, and
   acceptance after the return to speculation stays within 10% of EAGLE3's (its window-of-one
