@@ -18,6 +18,7 @@ What sglang does, and this script mirrors:
 Usage:
   python models/train_tiny_pair.py --out /tmp/tiny-pair --tar /tmp/tiny-pair.tar   # GPU, ~3 min
   python models/train_tiny_pair.py --smoke --out /tmp/tiny-smoke                   # CPU, < 2 min
+  python models/train_tiny_pair.py --set repeat_chunk=96 --out /tmp/recall-pair     # a pair that copies
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ import transformers
 # sys.path so the import works from any working directory (and under python -P).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tiny_pair_training.corpus import load_corpus  # noqa: E402
+from tiny_pair_training.corpus import load_corpus, repeated_chunks  # noqa: E402
 from tiny_pair_training.draft import train_draft  # noqa: E402
-from tiny_pair_training.evaluation import (check_against_reference, make_prompts,  # noqa: E402
-                                           offline_acceptance, reference_ok)
+from tiny_pair_training.evaluation import (check_against_reference, copy_accuracy,  # noqa: E402
+                                           make_prompts, offline_acceptance, reference_ok)
 from tiny_pair_training.export import (check_saved, count_params, pack, save_draft,  # noqa: E402
                                        save_target, write_prompts)
 from tiny_pair_training.scale import AUX_LAYER_IDS, FULL, HELDOUT_MODULO, SMOKE, Scale  # noqa: E402
@@ -62,6 +63,9 @@ def run(scale: Scale, out: Path, seed: int, device: torch.device) -> dict:
     tokenizer = train_tokenizer([t for _, t in corpus.train], scale.vocab_size)
     train_docs = encode_docs(tokenizer, [t for _, t in corpus.train])
     heldout_docs = encode_docs(tokenizer, [t for _, t in corpus.heldout])
+    if scale.repeat_chunk:
+        train_docs = [repeated_chunks(d, scale.repeat_chunk) for d in train_docs]
+        heldout_docs = [repeated_chunks(d, scale.repeat_chunk) for d in heldout_docs]
     stream = torch.tensor([i for d in train_docs for i in d], dtype=torch.long)
     heldout = torch.tensor([i for d in heldout_docs for i in d], dtype=torch.long)
     timings["tokenizer_s"] = round(time.monotonic() - t0, 1)
@@ -97,8 +101,10 @@ def run(scale: Scale, out: Path, seed: int, device: torch.device) -> dict:
                  for i in range(scale.reference_prompts)]
     if not reference_ok(reference):
         logger.error("parallel evaluation disagrees with the step-by-step reference")
+    copying = (copy_accuracy(target, heldout_docs, scale.repeat_chunk, scale.eval_prompts_per_len, device)
+               if scale.repeat_chunk else None)
     timings["eval_s"] = round(time.monotonic() - t1, 1)
-    logger.info("offline acceptance: %s; reference check: %s", acceptance, reference)
+    logger.info("offline acceptance: %s; reference check: %s; copy accuracy: %s", acceptance, reference, copying)
 
     (out / "target").mkdir(parents=True, exist_ok=True)
     save_target(target, tokenizer, out / "target")
@@ -117,7 +123,7 @@ def run(scale: Scale, out: Path, seed: int, device: torch.device) -> dict:
                    "heldout_rule": f"sha1(path relative to stdlib) % {HELDOUT_MODULO} == 0"},
         "params": {"target": count_params(target), "draft": count_params(draft)},
         "target": target_stats, "draft": draft_stats,
-        "offline_acceptance": acceptance, "reference_check": reference,
+        "offline_acceptance": acceptance, "copy_accuracy": copying, "reference_check": reference,
         "reference_check_ok": reference_ok(reference),
         "saved_checks": checks, "timings": timings,
     }

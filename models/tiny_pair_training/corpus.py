@@ -19,6 +19,17 @@ class Corpus:
     heldout: list[tuple[str, str]]
 
 
+def repeated_chunks(doc: list[int], chunk: int) -> list[int]:
+    """<s> c1 c1 c2 c2 ... </s> for a document <s> c1 c2 ... </s>: the second copy of each chunk
+    is predictable only by reading the first, ``chunk`` positions back."""
+    body = doc[1:-1]
+    out = doc[:1]
+    for start in range(0, len(body), chunk):
+        piece = body[start : start + chunk]
+        out += piece + piece
+    return out + doc[-1:]
+
+
 def is_heldout(rel_path: str) -> bool:
     return int(hashlib.sha1(rel_path.encode()).hexdigest(), 16) % HELDOUT_MODULO == 0
 

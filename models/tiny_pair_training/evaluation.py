@@ -167,3 +167,20 @@ def check_against_reference(target: LlamaForCausalLM, draft: Eagle3Draft, prompt
 def reference_ok(results: list[dict]) -> bool:
     return all(r["same_tokens"] and r["same_accepts"] and r["max_logit_diff"] < 1e-3
                for r in results)
+
+
+@torch.no_grad()
+def copy_accuracy(target: LlamaForCausalLM, docs: list[list[int]], chunk: int, max_docs: int,
+                  device: torch.device) -> dict:
+    """Teacher-forced greedy accuracy of the target on documents of repeated chunks, at first
+    copies (new text) and at second copies (predictable by copying from ``chunk`` back)."""
+    hits = {"first": 0, "second": 0}
+    counts = {"first": 0, "second": 0}
+    for doc in docs[:max_docs]:
+        tokens = torch.tensor([doc[: 8 * chunk + 1]], device=device)
+        predicted = target(input_ids=tokens).logits[0, :-1].argmax(-1).tolist()
+        for position, (guess, actual) in enumerate(zip(predicted, tokens[0, 1:].tolist()), start=1):
+            copy = "second" if ((position - 1) // chunk) % 2 == 1 else "first"
+            hits[copy] += guess == actual
+            counts[copy] += 1
+    return {copy: round(hits[copy] / counts[copy], 4) if counts[copy] else None for copy in hits}

@@ -46,6 +46,9 @@ class Scale:
     eval_prompts_per_len: int
     eval_max_new: int
     reference_prompts: int
+    # > 0: every document's tokens in chunks of this many, each chunk twice in a row, so that
+    # the models learn to copy from this far back (a draft that must read its context).
+    repeat_chunk: int = 0
 
 
 FULL = Scale(

@@ -16,6 +16,7 @@ from gpu_servers import (
     DEFERRED_PREFILL_WINDOW,
     FIXED_THRESHOLD_FLAGS,
     TINY_PAIR,
+    TINY_MEMORY_ARGS,
     TREE_SHAPE,
     LazyServers,
     servers_used_by,
@@ -40,12 +41,6 @@ def eval_set() -> dict:
     return json.loads(path.read_text())
 
 
-# Each tiny server holds a KV pool of this many tokens (the capacity test's 128 requests of at
-# most 500 positions need 64 000) and leaves the rest of the GPU to the others, so that the
-# servers a run uses start together instead of each sizing its pools from what the ones before
-# it left free.
-TINY_KV_TOKENS = 131072
-TINY_MEMORY_ARGS = ["--mem-fraction-static", "0.9", "--max-total-tokens", str(TINY_KV_TOKENS)]
 
 
 @pytest.fixture(scope="session")

@@ -61,6 +61,13 @@ START_TIMEOUT_S = 420
 # catch-up rebuilds every prompt position it skipped.
 DEFERRED_PREFILL_WINDOW = 128
 
+# Each tiny server holds a KV pool of this many tokens (the capacity test's 128 requests of at
+# most 500 positions need 64 000) and leaves the rest of the GPU to the others, so that the
+# servers a run uses start together instead of each sizing its pools from what the ones before
+# it left free.
+TINY_KV_TOKENS = 131072
+TINY_MEMORY_ARGS = ["--mem-fraction-static", "0.9", "--max-total-tokens", str(TINY_KV_TOKENS)]
+
 COMMON_SERVER_ARGS = [
     "--attention-backend", "triton",
     "--sampling-backend", "pytorch",
@@ -264,11 +271,13 @@ def eagle3_args(draft_path: Path, *, dummy: bool) -> List[str]:
     return args
 
 
-def tiny_pair_args() -> Tuple[List[str], List[str]]:
-    """Server arguments of the tiny trained target, and of its EAGLE-3 draft (chain 3/1/4)."""
-    target = ["--model-path", str(TINY_PAIR / "target"), "--dtype", TINY_PAIR_DTYPE,
+def tiny_pair_args(pair: Path = TINY_PAIR) -> Tuple[List[str], List[str]]:
+    """Server arguments of a tiny trained target (the committed pair unless ``pair`` names
+    another folder written by models/train_tiny_pair.py), and of its EAGLE-3 draft (chain
+    3/1/4)."""
+    target = ["--model-path", str(pair / "target"), "--dtype", TINY_PAIR_DTYPE,
               *COMMON_SERVER_ARGS, "--cuda-graph-max-bs-decode", "32"]
-    return target, eagle3_args(TINY_PAIR / "draft", dummy=False)
+    return target, eagle3_args(pair / "draft", dummy=False)
 
 
 def dummy8b_args(kit_models: Path) -> Tuple[List[str], List[str]]:

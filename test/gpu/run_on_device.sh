@@ -23,6 +23,8 @@ mkdir -p "$OUT"
 # control's after two of them stop; about 9 minutes when they started one after another; its
 # negative control alone with -k negative_control, the rest with -k "not negative_control"),
 # the README's tiny-pair demo test/gpu/test_quickstart_demo.py, the soak test/gpu/test_soak.py,
+# the deferred prefill with a pair that copies test/gpu/test_deferred_prefill_recall.py (it trains
+# the pair first),
 # and test/gpu/test_dynamic_eagle_configurations.py with -k non_overlap, -k fa3, -k mla_moe or
 # -k flashinfer.
 if [ $# -eq 0 ]; then
