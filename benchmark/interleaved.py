@@ -197,14 +197,18 @@ def report_markdown(document: dict, names: tuple[str, ...]) -> str:
     for other in names[1:]:
         lines += [""] + _ratio_table(rows, names[0], other)
     lines += ["", "Every run, in the order it ran:", "",
-              "| workload | config | requests | round | status | tok/s | median TTFT (ms) | speculative steps | plain steps |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| workload | config | requests | round | status | tok/s | median TTFT (ms) | first request's TTFT (ms) "
+              "| speculative steps | plain steps |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for run in document["runs"]:
         metrics, delta = run["metrics"], (run.get("mode_counters") or {}).get("delta") or {}
         throughput = f"{metrics['output_throughput']:.0f}" if metrics else ""
         ttft = f"{metrics['median_ttft_ms']:.1f}" if metrics else ""
+        first = (run.get("ttft_diagnostics") or {}).get("first_request_ttft_ms")
+        first_ttft = f"{first:.0f}" if first is not None else ""
         lines.append(f"| {run['workload']} | {run['config']} | {run['concurrency']} | {run['round']} | {run['status']} | "
-                     f"{throughput} | {ttft} | {delta.get('speculative_steps', '')} | {delta.get('plain_steps', '')} |")
+                     f"{throughput} | {ttft} | {first_ttft} | {delta.get('speculative_steps', '')} | "
+                     f"{delta.get('plain_steps', '')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -172,10 +172,12 @@ def test_report_lists_the_ratios_and_every_run_with_its_speculative_steps():
     document = results.new_results_document(["interleaved.py"], {})
     document["runs"] = [run("dynamic", 64, 5500, 560), run("plain", 64, 5700, 550)]
     document["runs"][0]["mode_counters"] = {"delta": {"speculative_steps": 16, "plain_steps": 752}}
+    document["runs"][0]["ttft_diagnostics"] = {"first_request_ttft_ms": 512.1}
     text = interleaved.report_markdown(document, ("dynamic", "plain"))
     assert "| 512x256 | 64 | 5500 | 5700 |" in text
     assert "| 512x256 | 64 | 0.965 | 0.965 | 1.018 | 1.018 |" in text
-    assert "| 512x256 | dynamic | 64 | 0 | ok | 5500 | 560.0 | 16 | 752 |" in text
+    assert "| 512x256 | dynamic | 64 | 0 | ok | 5500 | 560.0 | 512 | 16 | 752 |" in text
+    assert "| 512x256 | plain | 64 | 0 | ok | 5700 | 550.0 |  |  |  |" in text
 
 
 def test_more_than_four_or_fewer_than_two_configurations_are_refused():
