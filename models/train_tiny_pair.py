@@ -101,8 +101,8 @@ def run(scale: Scale, out: Path, seed: int, device: torch.device) -> dict:
                  for i in range(scale.reference_prompts)]
     if not reference_ok(reference):
         logger.error("parallel evaluation disagrees with the step-by-step reference")
-    copying = (copy_accuracy(target, heldout_docs, scale.repeat_chunk, scale.eval_prompts_per_len, device)
-               if scale.repeat_chunk else None)
+    copying = (copy_accuracy(target, heldout_docs, scale.repeat_chunk, scale.eval_prompts_per_len,
+                             scale.target_seq, device) if scale.repeat_chunk else None)
     timings["eval_s"] = round(time.monotonic() - t1, 1)
     logger.info("offline acceptance: %s; reference check: %s; copy accuracy: %s", acceptance, reference, copying)
 

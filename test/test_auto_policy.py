@@ -18,6 +18,7 @@ from sglang_dynamic_eagle.auto_policy import (
     AcceptanceEstimate,
     CostPolicy,
     CostPolicyConfig,
+    max_accepted_tokens,
 )
 from sglang_dynamic_eagle.cost_model import CostTable, ModeCosts, speculative_gain
 from sglang_dynamic_eagle.policy import PATIENCE_FLAG, DecodeMode, StepObservation
@@ -1170,3 +1171,9 @@ def test_a_plain_probe_runs_its_steps_where_speculation_loses_decisively() -> No
     assert feed(policy, [16], table, 1.0) == [PLAIN] and policy.probing  # gain 1.0: a cost probe
     assert feed(policy, [48] * (P - 1), table, 1.0) == [PLAIN] * (P - 1)
     assert policy.probing and policy.report()["probes"] == 1
+
+
+@pytest.mark.parametrize("steps, draft_tokens, most", [(3, 4, 4), (5, 8, 6), (5, 4, 4), (1, 2, 2)],
+                         ids=["chain", "llama tree", "narrow tree", "one step"])
+def test_max_accepted_tokens_is_a_path_no_longer_than_the_draft_tokens(steps, draft_tokens, most) -> None:
+    assert max_accepted_tokens(steps, draft_tokens) == most

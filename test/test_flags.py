@@ -296,8 +296,11 @@ def test_validate_rejects_unsupported(overrides, needle):
     assert "\n" not in str(excinfo.value)
 
 
-def test_trees_start():
-    flags.validate_server_args(_server_args(speculative_eagle_topk=4))
+def test_trees_start_with_their_whole_shape():
+    flags.validate_server_args(_server_args(speculative_num_steps=5, speculative_eagle_topk=4,
+                                            speculative_num_draft_tokens=8))
+    with pytest.raises(ValueError, match="without both"):
+        flags.validate_server_args(_server_args(speculative_eagle_topk=4))
 
 
 def test_validate_rejects_enable_above_disable(monkeypatch):

@@ -228,6 +228,11 @@ BAD = [
     pytest.param(["--disaggregation-mode", "prefill"], "--disaggregation-mode", id="pd-prefill"),
     pytest.param(["--enable-lora"], "--enable-lora", id="enable-lora"),
     pytest.param(["--lora-paths", "adapter=/nonexistent/lora"], "--lora-paths", id="lora-paths"),
+    pytest.param(["--speculative-eagle-topk", "4"], "--speculative-eagle-topk 4 without both", id="topk-alone"),
+    pytest.param(["--speculative-eagle-topk", "4", "--speculative-num-steps", "5"],
+                 "--speculative-num-draft-tokens", id="tree-without-draft-tokens"),
+    pytest.param(["--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"],
+                 "--speculative-num-steps", id="tree-without-steps"),
     pytest.param(
         ["--enable-attn-tp-input-scattered"], "--enable-attn-tp-input-scattered", id="attn-tp-scattered"
     ),

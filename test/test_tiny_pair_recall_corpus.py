@@ -36,5 +36,6 @@ class CopyingTarget:
 def test_copy_accuracy_separates_first_and_second_copies() -> None:
     chunk = 4
     doc = repeated_chunks([1, *range(3, 3 + 16), 2], chunk)
-    accuracy = copy_accuracy(CopyingTarget(chunk), [doc], chunk, max_docs=1, device=torch.device("cpu"))
+    accuracy = copy_accuracy(CopyingTarget(chunk), [doc], chunk, max_docs=1, max_positions=len(doc),
+                             device=torch.device("cpu"))
     assert accuracy == {"first": 0.0, "second": 1.0}

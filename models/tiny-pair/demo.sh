@@ -12,6 +12,7 @@ start_timeout_s=600
 work=$(mktemp -d)
 python3 -m sglang.launch_server --model-path target --port "$port" \
   --speculative-algorithm EAGLE3_DYNAMIC --speculative-draft-model-path draft \
+  --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 \
   --attention-backend triton --sampling-backend pytorch --cuda-graph-max-bs-decode 32 \
   --disable-prefill-cuda-graph \
   --speculative-disable-batch-threshold 2 --speculative-enable-batch-threshold 2 \

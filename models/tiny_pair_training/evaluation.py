@@ -171,13 +171,14 @@ def reference_ok(results: list[dict]) -> bool:
 
 @torch.no_grad()
 def copy_accuracy(target: LlamaForCausalLM, docs: list[list[int]], chunk: int, max_docs: int,
-                  device: torch.device) -> dict:
+                  max_positions: int, device: torch.device) -> dict:
     """Teacher-forced greedy accuracy of the target on documents of repeated chunks, at first
-    copies (new text) and at second copies (predictable by copying from ``chunk`` back)."""
+    copies (new text) and at second copies (predictable by copying from ``chunk`` back), over
+    each document's first ``max_positions`` tokens (the length the target was trained on)."""
     hits = {"first": 0, "second": 0}
     counts = {"first": 0, "second": 0}
     for doc in docs[:max_docs]:
-        tokens = torch.tensor([doc[: 8 * chunk + 1]], device=device)
+        tokens = torch.tensor([doc[:max_positions]], device=device)
         predicted = target(input_ids=tokens).logits[0, :-1].argmax(-1).tolist()
         for position, (guess, actual) in enumerate(zip(predicted, tokens[0, 1:].tolist()), start=1):
             copy = "second" if ((position - 1) // chunk) % 2 == 1 else "first"

@@ -105,11 +105,18 @@ class AcceptanceEstimate:
             self.add(sum(num_correct_drafts_per_req) + count, count, decode_step)
 
 
+def max_accepted_tokens(num_steps: int, num_draft_tokens: int) -> int:
+    """Tokens a verify yields with every draft accepted: a path of one draft per step plus the
+    bonus token, and no more than the draft tokens verified (a tree of 8 tokens over 5 steps
+    accepts at most 6, a tree of 4 tokens over 5 steps at most 4)."""
+    return min(num_steps + 1, num_draft_tokens)
+
+
 @dataclass(frozen=True)
 class CostPolicyConfig:
     switch_patience: int
     max_speculative_batch: int  # largest batch the speculative CUDA graphs cover
-    max_acceptance: float  # tokens per verify with every draft accepted (chain: steps + 1)
+    max_acceptance: float  # tokens per verify with every draft accepted (max_accepted_tokens)
     margin: float = DEFAULT_MARGIN
     catchup_horizon_steps: int = DEFAULT_CATCHUP_HORIZON_STEPS
     probe_steps: int = DEFAULT_PROBE_STEPS

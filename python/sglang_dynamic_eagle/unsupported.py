@@ -97,6 +97,15 @@ UNSUPPORTED: Tuple[UnsupportedCombination, ...] = (
         "--speculative-algorithm",
     ),
     UnsupportedCombination(
+        lambda get: f"--speculative-eagle-topk {get('speculative_eagle_topk')} without both "
+        "--speculative-num-steps and --speculative-num-draft-tokens",
+        lambda get: (get("speculative_eagle_topk") or 1) > 1
+        and (get("speculative_num_steps") is None or get("speculative_num_draft_tokens") is None),
+        "a tree's step count and draft-token count do not follow from each other",
+        "give both (sglang's EAGLE3 tree for Llama: --speculative-num-steps 5 "
+        "--speculative-num-draft-tokens 8), or none of the three shape flags for EAGLE3's default shape",
+    ),
+    UnsupportedCombination(
         _named("--enable-attn-tp-input-scattered"),
         _is_set("enable_attn_tp_input_scattered"),
         'sglang compares the algorithm name with "EAGLE3" as a string (layers/communicator.py) '

@@ -33,7 +33,8 @@ from sglang.srt.speculative.eagle_utils import get_draft_input_from_target_hidde
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_dynamic_eagle import upstream_internals
-from sglang_dynamic_eagle.auto_policy import AcceptanceEstimate, CostPolicy, CostPolicyConfig
+from sglang_dynamic_eagle.auto_policy import (AcceptanceEstimate, CostPolicy, CostPolicyConfig,
+                                             max_accepted_tokens)
 from sglang_dynamic_eagle.cost_model import (
     CrossoverLogGate,
     MeasuredCosts,
@@ -224,7 +225,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
                 CostPolicyConfig(
                     switch_patience=flags.switch_patience,
                     max_speculative_batch=max_speculative_batch,
-                    max_acceptance=float(self.speculative_num_steps + 1),
+                    max_acceptance=float(max_accepted_tokens(self.speculative_num_steps,
+                                                             self.speculative_num_draft_tokens)),
                 )
             )
         return ThresholdPolicy(
