@@ -34,8 +34,8 @@ from sglang_dynamic_eagle.deferred_draft_prefill import DEFER_ENV
 
 from gpu_servers import (FIXED_THRESHOLD_FLAGS, REPO_ROOT, TINY_MEMORY_ARGS, LazyServers,
                          tiny_pair_args, tiny_pair_server_env)
-from test_dynamic_eagle_tiny import (MAX_ACCEPTANCE_LOSS, MIN_CATCHUP_GAIN, eagle3_acceptance_of,
-                                     leave_plain, send, spec_acceptance)
+from test_dynamic_eagle_tiny import (MAX_ACCEPTANCE_LOSS, MIN_CATCHUP_GAIN, deferred_run,
+                                     eagle3_acceptance_of, send)
 from token_comparison import first_difference
 
 pytestmark = pytest.mark.gpu
@@ -116,30 +116,12 @@ def recall_load(eval_set: dict) -> Tuple[List[Dict], List[int], List[Dict]]:
             targets)
 
 
-def deferred_recall_run(server, eval_set: dict) -> Tuple[List[dict], Dict[str, float]]:
-    leave_plain(server, eval_set)
-    before = server.dynamic_counters()
-    load, lengths, _ = recall_load(eval_set)
-    outputs = send(server, load, lengths, len(load))
-    after = server.dynamic_counters()
-    def delta(key: str) -> float:
-        return after[key] - before.get(key, 0)
-
-    return outputs, {
-        "acceptance": spec_acceptance(before, after),
-        "deferred_batches": delta("deferred_draft_prefill_batches"),
-        "deferred_tokens": delta("deferred_draft_prefill_tokens"),
-        "catchup_tokens": delta("catchup_tokens"),
-        "truncated": delta("catchup_truncated_tokens"),
-    }
-
-
 @pytest.fixture(scope="module")
 def recall_runs(recall_servers: LazyServers, recall_pair: Path) -> Dict[str, object]:
     eval_set = json.loads((recall_pair / "eval_prompts.json").read_text())
-    covering, covering_stats = deferred_recall_run(recall_servers["recall_covering"], eval_set)
-    _, short_stats = deferred_recall_run(recall_servers["recall_short"], eval_set)
     load, lengths, targets = recall_load(eval_set)
+    covering, covering_stats = deferred_run(recall_servers["recall_covering"], eval_set, load, lengths)
+    _, short_stats = deferred_run(recall_servers["recall_short"], eval_set, load, lengths)
     plain = send(recall_servers["recall_plain"], load, lengths, len(load))
     eagle3 = eagle3_acceptance_of(recall_servers["recall_eagle3"], targets, RECALL_TOKENS)
     print(f"recall pair: window {COVERING_WINDOW} {covering_stats}, window {SHORT_WINDOW} "

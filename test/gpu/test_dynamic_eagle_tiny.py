@@ -243,12 +243,18 @@ def deferred_load(eval_set) -> Tuple[List[Dict], List[int], List[Dict]]:
 
 
 def deferred_prefill_load(server, eval_set) -> Tuple[List[dict], Dict[str, float]]:
-    """The deferred load on a server left plain first, so that its prefills are deferred:
+    """The deferred load (fillers, then targets) on a server left plain first."""
+    load, lengths, _ = deferred_load(eval_set)
+    return deferred_run(server, eval_set, load, lengths)
+
+
+def deferred_run(server, eval_set, load: Sequence[Dict], lengths: Sequence[int]
+                 ) -> Tuple[List[dict], Dict[str, float]]:
+    """A load sent at once to a server left plain first, so that its prefills are deferred:
     outputs, acceptance of the speculative steps after the fillers finish (the targets'
     alone), and what the deferral and the catch-up did."""
     leave_plain(server, eval_set)
     warmed = server.dynamic_counters()
-    load, lengths, _ = deferred_load(eval_set)
     outputs = send(server, load, lengths, len(load))
     after = server.dynamic_counters()
 
