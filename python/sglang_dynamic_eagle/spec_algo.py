@@ -121,12 +121,12 @@ class DynamicEagleSpecAlgo(CustomSpecAlgo):
 def _complete_chain_drafting(server_args: ServerArgs) -> None:
     """Without any of the three draft-shape flags, EAGLE3's own shape (sglang's automatic
     choice: a topk-4 tree of 5 steps and 8 draft tokens for Llama targets, a chain for most
-    others). With some of them, a chain (topk 1) unless the user chose the topk, so one of the
-    step count and the draft-token count is enough: a chain's draft tokens are steps + 1
-    (sglang's EAGLE3 handling sets them from the steps; the steps are derived here from draft
-    tokens alone); with neither, ``DEFAULT_CHAIN_SHAPE``'s. sglang 0.5.17 itself fails with a
-    TypeError when only the step count is given, and an AssertionError when only the
-    draft-token count is.
+    others). A tree comes whole (``unsupported`` refuses one without its step count or its
+    draft-token count); anything else is completed as a chain, for which one of the two is
+    enough: its draft tokens are steps + 1 (sglang's EAGLE3 handling sets them from the steps;
+    the steps are derived here from draft tokens alone), and with neither it is
+    ``DEFAULT_CHAIN_SHAPE``. sglang 0.5.17 itself fails with a TypeError when only the step
+    count is given, and an AssertionError when only the draft-token count is.
     """
     given = (
         server_args.speculative_num_steps,

@@ -41,8 +41,6 @@ def eval_set() -> dict:
     return json.loads(path.read_text())
 
 
-
-
 @pytest.fixture(scope="session")
 def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
     """Plain, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds, and automatic) servers of the tiny
