@@ -21,7 +21,7 @@ server of the same configuration, in bf16 with dummy weights drawn by the test p
   much of plain's output before the first differences), and a fourth server, whose plain steps
   write their K/V one slot early (the 8B-shaped suite's negative control), must fall outside it.
 
-Each configuration starts its own servers (two; mla_moe four), about 3 minutes with its tests;
+Each configuration starts its own servers (two; mla_moe four) together, about 3 minutes with its tests;
 select one per run with ``-k``, e.g.
 ``bash test/gpu/run_on_device.sh test/gpu/test_dynamic_eagle_configurations.py -k mla_moe``.
 """
@@ -40,13 +40,13 @@ from gpu_servers import (
     COMMON_SERVER_ARGS,
     FIXED_THRESHOLD_FLAGS,
     REPO_ROOT,
+    LazyServers,
     Server,
     assert_lossless_across_switches,
     dummy8b_args,
     dummy_weights_env,
     eagle3_args,
     make_prompts,
-    running_servers,
     send_in_waves,
 )
 from token_comparison import reference_verdict
@@ -68,8 +68,10 @@ CONFIGURATIONS: Dict[str, Tuple[str, List[str], List[str]]] = {
 }
 # Pairs judged against sglang's EAGLE3 on the same pair (module docstring).
 JUDGED_BY_EAGLE3 = {"mla_moe"}
-# Four servers of the small MLA pair: each caps its KV pool (49,152 tokens take well under
-# 1 GiB) and leaves a tenth of the memory free at its start, as the 8B-shaped suite's do.
+# Every server caps its KV pool (49,152 tokens: 6.4 GB with the 8B-shaped target, well under
+# 1 GiB with the MLA pair, more than the capacity test's 96 requests of 112 positions) and
+# leaves a tenth of the GPU's memory free at its start, so that a configuration's servers start
+# together and fit one 80 GB GPU (two 8B-shaped servers, or four of the MLA pair).
 SHARED_MEMORY_FLAGS = ["--mem-fraction-static", "0.9", "--max-total-tokens", "49152"]
 # test/gpu/native_ops_plugin: a plain step that writes its K/V one slot early.
 BREAK_PLAIN_STEP_ENV = "SGLANG_DE_TEST_BREAK_PLAIN_STEP"
@@ -95,20 +97,24 @@ def configuration_servers(request, kit_models, tmp_path_factory) -> Iterator[Dic
         target, draft = dummy8b_args(kit_models)
     # Later flags win: the extra --attention-backend replaces the common triton one.
     specs = {
-        "plain": target + common_extra + ["--mem-fraction-static", "0.4"],
+        "plain": target + common_extra,
         "dynamic": target + common_extra + [
-            "--mem-fraction-static", "0.6", "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
-            *FIXED_THRESHOLD_FLAGS, *dynamic_extra],
+            "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *FIXED_THRESHOLD_FLAGS,
+            *dynamic_extra],
     }
     server_envs = {}
     if request.param in JUDGED_BY_EAGLE3:
         specs["eagle3"] = target + common_extra + ["--speculative-algorithm", "EAGLE3", *draft]
         specs["broken"] = specs["dynamic"]
         server_envs[f"{request.param}_broken"] = {BREAK_PLAIN_STEP_ENV: "kv-slot"}
-        specs = {name: args + SHARED_MEMORY_FLAGS for name, args in specs.items()}
-    with running_servers({f"{request.param}_{name}": args for name, args in specs.items()},
-                         env=dummy_weights_env(), server_envs=server_envs) as started:
-        yield {name: started[f"{request.param}_{name}"] for name in specs}
+    servers = LazyServers(
+        {f"{request.param}_{name}": args + SHARED_MEMORY_FLAGS for name, args in specs.items()},
+        env=dummy_weights_env(), server_envs=server_envs)
+    try:
+        servers.start([f"{request.param}_{name}" for name in specs])
+        yield {name: servers[f"{request.param}_{name}"] for name in specs}
+    finally:
+        servers.stop_all()
 
 
 def test_lossless_across_switches(configuration_servers, request):
