@@ -24,10 +24,11 @@ stub: :class:`StubProposals` keeps their verifications out of the policy's accep
 estimate (the mode counters count them). A decode batch of such requests alone runs plain
 without asking the policy: every one of them finishes in that step.
 
-Off by default. On the tiny pair (one H200, 2026-12-02) deferred prefills were lossless and
-acceptance after the return stayed within 10% of EAGLE3's, but what stale prefix draft KV
-reused from the radix cache costs, and the GPU suites with the deferral on, are not measured
-yet.
+Off by default. Outputs stay lossless, but stale prompt draft KV costs acceptance wherever a
+later speculative step reads it: with a draft that copies from its prompt (one H200,
+2026-12-02), a window covering the prompt kept EAGLE3's acceptance (3.250 against 3.160 tokens
+per verify) and a window of 16 lost 28% of it. The server cannot know at the prefill whether a
+prompt will be read that far back or its prefix reused.
 """
 
 from __future__ import annotations
