@@ -1177,3 +1177,32 @@ def test_a_plain_probe_runs_its_steps_where_speculation_loses_decisively() -> No
                          ids=["chain", "llama tree", "narrow tree", "one step"])
 def test_max_accepted_tokens_is_a_path_no_longer_than_the_draft_tokens(steps, draft_tokens, most) -> None:
     assert max_accepted_tokens(steps, draft_tokens) == most
+
+
+# --------------------------------------------------------------------------- a cost probe the batch outgrows
+
+
+def speculative_unmeasured_at_16_table() -> CostTable:
+    """Plain mode's view: speculative cost at bucket 16 only estimated, with a gain of 0.92 at
+    acceptance 3 (a close call: a cost probe); every other bucket measured, the same gain."""
+    plain = {b: 10.0 for b in BUCKETS}
+    spec = {b: 3 * 10.0 / 0.92 for b in BUCKETS}
+    return CostTable(mode_costs(plain), mode_costs(spec, unmeasured=[16]))
+
+
+def test_a_speculative_cost_probe_ends_when_the_batch_outgrows_its_bucket() -> None:
+    """Measured on the 8B-shaped model (2026-12-02): a probe started at a batch of 13 ran its 12
+    steps while the rest of the wave was prefilled, up to a batch of 64."""
+    table = speculative_unmeasured_at_16_table()
+    policy = make(PLAIN, probe_steps=P, refresh_interval=10_000, close_call_refresh_interval=10_000)
+    assert feed(policy, [13], table, 3.0) == [SPEC] and policy.probing
+    assert feed(policy, [14, 16], table, 3.0) == [SPEC, SPEC] and policy.probing  # bucket 16 still
+    assert feed(policy, [20, 32, 48], table, 3.0) == [PLAIN] * 3
+    assert not policy.probing and policy.report()["probes"] == 1
+
+
+def test_a_speculative_cost_probe_keeps_its_steps_while_the_batch_shrinks() -> None:
+    table = speculative_unmeasured_at_16_table()
+    policy = make(PLAIN, probe_steps=P, refresh_interval=10_000, close_call_refresh_interval=10_000)
+    assert feed(policy, [13, 12, 8, 4, 2], table, 3.0) == [SPEC] * P
+    assert feed(policy, [2], table, 3.0) == [PLAIN]

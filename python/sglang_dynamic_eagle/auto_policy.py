@@ -37,7 +37,8 @@ indexed by CUDA-graph bucket (the padded batch size a step really runs). The pol
   close call is not left to a few unlucky verifies). A probe bypasses the patience
   and then returns to the mode it interrupted (a speculative probe ends early at a batch where
   speculation loses decisively even with every draft accepted, once a speculative step has
-  been timed), where the rules above (and their patience)
+  been timed, and a speculative cost probe ends once the batch outgrows the bucket it was
+  started to measure), where the rules above (and their patience)
   decide again with what it measured; each (mode, bucket) cost probe happens at most once per
   ``refresh_interval`` steps, and a refresh probe resets the staleness clock.
 
@@ -151,6 +152,7 @@ class _Probe:
     mode: DecodeMode
     steps_left: int  # probe steps still to run after the current one
     return_mode: DecodeMode  # the mode the probe interrupted
+    bucket: Optional[int] = None  # the bucket a cost probe measures; None for the other probes
 
 
 @dataclass(frozen=True)
@@ -235,7 +237,7 @@ class CostPolicy:
             self._streak.reset()
             return DecodeMode.PLAIN
         if self._probe is not None:
-            if self._probe.steps_left > 0 and not self._speculative_probe_is_lost(observation):
+            if self._probe.steps_left > 0 and not self._speculative_probe_is_over(observation):
                 self._probe.steps_left -= 1
                 return self._probe.mode
             self._mode = self._probe.return_mode
@@ -243,6 +245,25 @@ class CostPolicy:
         if observation.costs is None:
             return self._mode
         return self._decide_from_costs(observation.costs, batch_size, observation.acceptance)
+
+    def _speculative_probe_is_over(self, observation: StepObservation) -> bool:
+        return self._speculative_probe_outgrown(observation) or self._speculative_probe_is_lost(
+            observation
+        )
+
+    def _speculative_probe_outgrown(self, observation: StepObservation) -> bool:
+        """A speculative cost probe whose batch has grown past the bucket it was started for (a
+        wave that reaches the scheduler in two groups leaves a small batch for a few steps, and
+        the rest of the wave is prefilled during the probe): its remaining steps would run at a
+        batch that the probe's reason, a close call at the small bucket, says nothing about. A
+        shrinking batch keeps the probe: its steps get no dearer."""
+        probe = self._probe
+        if probe.mode is not DecodeMode.SPECULATIVE or probe.bucket is None:
+            return False
+        if observation.costs is None:
+            return False
+        bucket = observation.costs.speculative.lookup(observation.batch_size).bucket
+        return bucket is not None and bucket > probe.bucket
 
     def _speculative_probe_is_lost(self, observation: StepObservation) -> bool:
         """A speculative probe whose batch has grown to where speculation loses decisively even
@@ -373,14 +394,14 @@ class CostPolicy:
         if last is not None and self._step - last < self._config.refresh_interval:
             return None
         self._probes.by_bucket[(mode, bucket)] = self._step
-        return self._start_probe(mode)
+        return self._start_probe(mode, bucket)
 
-    def _start_probe(self, mode: DecodeMode) -> Optional[DecodeMode]:
+    def _start_probe(self, mode: DecodeMode, bucket: Optional[int] = None) -> Optional[DecodeMode]:
         if self._config.probe_steps == 0:
             return None
         self._streak.reset()
         self._probes.count += 1
-        self._probe = _Probe(mode, self._config.probe_steps - 1, return_mode=self._mode)
+        self._probe = _Probe(mode, self._config.probe_steps - 1, return_mode=self._mode, bucket=bucket)
         return mode
 
     def report(self) -> Dict[str, ReportValue]:
