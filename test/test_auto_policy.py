@@ -1182,19 +1182,23 @@ def test_max_accepted_tokens_is_a_path_no_longer_than_the_draft_tokens(steps, dr
 # --------------------------------------------------------------------------- a cost probe the batch outgrows
 
 
-def speculative_unmeasured_at_16_table() -> CostTable:
-    """Plain mode's view: speculative cost at bucket 16 only estimated, with a gain of 0.92 at
-    acceptance 3 (a close call: a cost probe); every other bucket measured, the same gain."""
+def speculative_unmeasured_table(unmeasured: Sequence[int] = (16,)) -> CostTable:
+    """Plain mode's view: speculative costs at ``unmeasured`` only estimated, every bucket
+    with a gain of 0.92 at acceptance 3 (a close call: a cost probe where unmeasured)."""
     plain = {b: 10.0 for b in BUCKETS}
     spec = {b: 3 * 10.0 / 0.92 for b in BUCKETS}
-    return CostTable(mode_costs(plain), mode_costs(spec, unmeasured=[16]))
+    return CostTable(mode_costs(plain), mode_costs(spec, unmeasured=unmeasured))
+
+
+def probing_from_plain() -> CostPolicy:
+    return make(PLAIN, probe_steps=P, refresh_interval=10_000, close_call_refresh_interval=10_000)
 
 
 def test_a_speculative_cost_probe_ends_when_the_batch_outgrows_its_bucket() -> None:
     """Measured on the 8B-shaped model (2026-12-02): a probe started at a batch of 13 ran its 12
     steps while the rest of the wave was prefilled, up to a batch of 64."""
-    table = speculative_unmeasured_at_16_table()
-    policy = make(PLAIN, probe_steps=P, refresh_interval=10_000, close_call_refresh_interval=10_000)
+    table = speculative_unmeasured_table()
+    policy = probing_from_plain()
     assert feed(policy, [13], table, 3.0) == [SPEC] and policy.probing
     assert feed(policy, [14, 16], table, 3.0) == [SPEC, SPEC] and policy.probing  # bucket 16 still
     assert feed(policy, [20, 32, 48], table, 3.0) == [PLAIN] * 3
@@ -1202,7 +1206,14 @@ def test_a_speculative_cost_probe_ends_when_the_batch_outgrows_its_bucket() -> N
 
 
 def test_a_speculative_cost_probe_keeps_its_steps_while_the_batch_shrinks() -> None:
-    table = speculative_unmeasured_at_16_table()
-    policy = make(PLAIN, probe_steps=P, refresh_interval=10_000, close_call_refresh_interval=10_000)
-    assert feed(policy, [13, 12, 8, 4, 2], table, 3.0) == [SPEC] * P
-    assert feed(policy, [2], table, 3.0) == [PLAIN]
+    policy = probing_from_plain()
+    assert feed(policy, [13, 12, 8, 4, 2], speculative_unmeasured_table(), 3.0) == [SPEC] * P
+    assert feed(policy, [2], speculative_unmeasured_table(), 3.0) == [PLAIN]
+
+
+def test_no_speculative_cost_probe_starts_while_the_batch_grows() -> None:
+    table = speculative_unmeasured_table(unmeasured=(16, 24))
+    policy = probing_from_plain()
+    assert feed(policy, [8, 13, 20], table, 3.0) == [PLAIN] * 3  # growing into buckets 16 and 24
+    assert policy.report()["probes"] == 0
+    assert feed(policy, [20], table, 3.0) == [SPEC] and policy.probing  # the batch holds: a probe

@@ -277,3 +277,39 @@ def test_a_speculative_probe_ends_when_the_wave_fills_the_batch() -> None:
     assert policy.probing and policy.report()["probes"] == 1
     assert observe(128, 10) == [PLAIN] * 10
     assert not policy.probing
+
+
+# --------------------- a cost probe at a batch left by a wave in two groups, on the costs of 15:38
+
+# `/server_info` of the 8B-shaped EAGLE3_DYNAMIC server before its third 64-request run of
+# benchmark/results/2026-12-02-h200-interleaved-1538-512-256-and-prefill-only (plain measured
+# at buckets 1, 64 and 128, speculative at 1, 16 and 128; the others are estimates).
+PLAIN_MS_1538 = {1: 5.009, 2: 5.023, 4: 5.042, 8: 5.07, 12: 5.124, 16: 5.175, 24: 5.24, 32: 5.316,
+                 40: 7.872, 48: 7.963, 56: 8.042, 64: 8.191, 72: 8.342, 80: 8.482, 88: 8.539,
+                 96: 9.937, 104: 9.986, 112: 10.27, 120: 10.288, 128: 10.448}
+SPECULATIVE_MS_1538 = {1: 7.716, 2: 8.325, 3: 8.933, 4: 9.542, 5: 10.151, 6: 10.76, 7: 11.369,
+                       8: 11.978, 10: 15.696, 12: 15.803, 14: 16.662, 16: 16.849, 18: 17.69,
+                       20: 18.532, 22: 19.373, 24: 20.214, 26: 21.055, 28: 21.897, 30: 22.738,
+                       32: 23.579, 40: 26.945, 44: 28.627, 48: 30.31, 52: 31.992, 56: 33.675,
+                       60: 35.358, 64: 37.04, 72: 42.216, 80: 44.852, 88: 49.816, 96: 51.726,
+                       104: 57.79, 112: 70.137, 120: 61.732, 128: 63.962}
+TABLE_1538 = CostTable(partly_measured(PLAIN_MS_1538, (1, 64, 128)),
+                       partly_measured(SPECULATIVE_MS_1538, (1, 16, 128)), 2.022)
+
+
+def test_a_cost_probe_at_a_wave_s_first_group_ends_as_the_rest_is_prefilled() -> None:
+    """A 64-request wave reached the server in two groups: 13 requests decoded alone for a few
+    steps, where the speculative cost (bucket 14) was only estimated and a close call (gain
+    0.93 at acceptance 3.0), so the policy probed; the server kept the probe's 12 speculative
+    steps while the rest of the wave was prefilled, up to a batch of 64. The probe now ends when
+    the batch leaves bucket 14, and none starts at the buckets the growing batch passes."""
+    policy = CostPolicy(CostPolicyConfig(switch_patience=4, max_speculative_batch=128,
+                                         max_acceptance=4.0), DecodeMode.PLAIN)
+
+    def observe(batches: List[int]) -> List[DecodeMode]:
+        return [policy.decide(StepObservation(b, TABLE_1538, 3.0)) for b in batches]
+
+    assert observe([64] * 200) == [PLAIN] * 200
+    assert observe([13] * 3) == [SPEC] * 3
+    assert observe([26, 39, 51] + [64] * 50) == [PLAIN] * 53
+    assert policy.report()["probes"] == 1

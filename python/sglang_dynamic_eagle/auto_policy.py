@@ -38,7 +38,8 @@ indexed by CUDA-graph bucket (the padded batch size a step really runs). The pol
   and then returns to the mode it interrupted (a speculative probe ends early at a batch where
   speculation loses decisively even with every draft accepted, once a speculative step has
   been timed, and a speculative cost probe ends once the batch outgrows the bucket it was
-  started to measure), where the rules above (and their patience)
+  started to measure; none starts while the batch grows, as it does while a wave is prefilled),
+  where the rules above (and their patience)
   decide again with what it measured; each (mode, bucket) cost probe happens at most once per
   ``refresh_interval`` steps, and a refresh probe resets the staleness clock.
 
@@ -191,6 +192,8 @@ class CostPolicy:
         self._step = 0
         self._last_speculative_step = 0
         self._last_gain: Optional[float] = None
+        self._last_batch_size: Optional[int] = None
+        self._batch_growing = False
 
     @property
     def mode(self) -> DecodeMode:
@@ -225,6 +228,9 @@ class CostPolicy:
 
     def decide(self, observation: StepObservation) -> DecodeMode:
         self._step += 1
+        last = self._last_batch_size
+        self._batch_growing = last is not None and observation.batch_size > last
+        self._last_batch_size = observation.batch_size
         self._mode = self._next_mode(observation)
         if self._mode is DecodeMode.SPECULATIVE:
             self._last_speculative_step = self._step
@@ -350,7 +356,8 @@ class CostPolicy:
     ) -> DecodeMode:
         if self._streak.advance(entry_gain > 1 + self._config.margin):
             return DecodeMode.SPECULATIVE
-        if not spec.measured and self._in_probe_band(gain):
+        # A growing batch would carry the probe's steps into larger buckets (which end it).
+        if not spec.measured and self._in_probe_band(gain) and not self._batch_growing:
             probed = self._probe_cost(DecodeMode.SPECULATIVE, spec.bucket)
             if probed is not None:
                 return probed
