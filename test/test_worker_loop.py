@@ -391,14 +391,14 @@ def test_stub_proposals_stay_out_of_the_acceptance_estimate(worker) -> None:
     assert worker.counters.speculative_verified_requests == 3
 
 
-def test_with_deferral_a_batch_of_requests_that_finish_in_this_step_decodes_plainly(
-    worker,
-) -> None:
+@pytest.mark.parametrize("deferral", [False, True], ids=["without deferral", "with deferral"])
+def test_a_batch_of_requests_that_finish_in_this_step_decodes_plainly(worker, deferral) -> None:
     asked = []
     decide = worker._policy.decide
     worker._policy.decide = lambda observation: asked.append(observation.batch_size) or decide(
         observation)
-    worker._deferral = RecordingDeferral(worker.prefill_timer)
+    if deferral:
+        worker._deferral = RecordingDeferral(worker.prefill_timer)
     for slot, max_new_tokens in ((0, 2), (1, 1), (2, 3)):
         request_in(slot, max_new_tokens)
     decode(worker, [0, 1])  # speculation cannot shorten either: plain, policy not asked
@@ -411,18 +411,11 @@ def test_with_deferral_a_batch_of_requests_that_finish_in_this_step_decodes_plai
 def test_a_step_the_policy_did_not_decide_asks_no_cost_refresh(worker) -> None:
     """The policy's ask for fresh costs stands until its next decision: steps it does not
     decide must not refresh the cost table each time."""
-    worker._deferral = RecordingDeferral(worker.prefill_timer)
     worker._policy.wants_fresh_costs = lambda: True
     request_in(0, max_new_tokens=2)
     decode(worker, [0])
     decode(worker, [1])
     assert worker._costs.refreshes_asked == [False, True]
-
-
-def test_without_deferral_the_policy_decides_every_decode_step(worker) -> None:
-    request_in(0, max_new_tokens=2)
-    decode(worker, [0])
-    assert worker.counters.speculative_steps == 1
 
 
 def test_a_prefill_in_plain_mode_stashes_the_window(worker) -> None:

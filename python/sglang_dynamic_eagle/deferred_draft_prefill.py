@@ -21,8 +21,7 @@ shorten it and its draft KV is never read, except through the radix cache: a lat
 that shares its prompt's prefix reads that prefix's stale draft KV, as after any deferred
 prefill (the target still verifies every token). In a speculative step its rows propose from the
 stub: :class:`StubProposals` keeps their verifications out of the policy's acceptance
-estimate (the mode counters count them). A decode batch of such requests alone runs plain
-without asking the policy: every one of them finishes in that step.
+estimate (the mode counters count them).
 
 Off by default. Outputs stay lossless, but stale prompt draft KV costs acceptance wherever a
 later speculative step reads it: with a draft that copies from its prompt (one H200,
@@ -140,7 +139,7 @@ class StubProposals:
 
 class NoDeferral:
     """The deferral off: what the worker asks of a deferral, answered so that every prefill
-    runs the draft extend and the policy decides every decode step."""
+    runs the draft extend."""
 
     def window_for(self, batch: ScheduleBatch, expects_plain: Callable[[int], bool]) -> Optional[int]:
         """Positions per request the prefill leaves to the catch-up instead of running the
@@ -150,10 +149,6 @@ class NoDeferral:
 
     def decoded(self, batch: ScheduleBatch) -> None:
         """Every decode step, before it runs."""
-
-    def finishes_in_step(self, batch: ScheduleBatch) -> bool:
-        """A decode batch to run plain without asking the policy."""
-        return False
 
     def speculative_step(self, batch: ScheduleBatch) -> None:
         """Every speculative step, at launch."""
@@ -198,10 +193,6 @@ class DeferredDraftPrefill(NoDeferral):
 
     def decoded(self, batch: ScheduleBatch) -> None:
         self._running.decoded(batch.reqs)
-
-    def finishes_in_step(self, batch: ScheduleBatch) -> bool:
-        # Speculation cannot shorten requests that all finish in this step.
-        return decode_at_most_once(batch)
 
     def speculative_step(self, batch: ScheduleBatch) -> None:
         self._stub_proposals.speculative_step(batch.reqs)

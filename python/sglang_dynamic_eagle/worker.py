@@ -46,6 +46,7 @@ from sglang_dynamic_eagle.counters import ModeCounters
 from sglang_dynamic_eagle.deferred_draft_prefill import (
     DeferredDraftPrefill,
     NoDeferral,
+    decode_at_most_once,
     deferred_prefill_window,
 )
 from sglang_dynamic_eagle.draft_catchup import (
@@ -280,7 +281,9 @@ class DynamicEagleWorker(EAGLEWorkerV2):
 
         batch_size = batch.batch_size()
         self._deferral.decoded(batch)
-        finishing = self._deferral.finishes_in_step(batch)
+        # Speculation cannot shorten requests that all finish in this step (scoring and
+        # classification loads ask for one or two tokens): plain, without asking the policy.
+        finishing = decode_at_most_once(batch)
         mode = DecodeMode.PLAIN if finishing else self._decide(batch_size)
         with self.host_syncs.watch(mode.value):
             if mode is DecodeMode.PLAIN:
