@@ -23,6 +23,7 @@ from sglang_dynamic_eagle.deferred_draft_prefill import (
     deferred_prefill_window,
 )
 from sglang_dynamic_eagle.draft_catchup import MAX_WINDOW, DraftCatchup
+from sglang_dynamic_eagle.short_requests import ShortPrefill
 from sglang_dynamic_eagle.startup_errors import StartupError
 
 POOL_SIZE = 6
@@ -164,7 +165,8 @@ class FakePlainStep:
 def test_the_run_is_the_target_extend_then_the_stash() -> None:
     catchup = _catchup()
     target = FakeTarget()
-    deferred = DeferredDraftPrefill(target, catchup, FakePlainStep(), window=2)
+    deferred = DeferredDraftPrefill(target, catchup, FakePlainStep(), window=2,
+                                    short_prefill=ShortPrefill.SEPARATE_CACHE)
     published: List[torch.Tensor] = []
     batch = _prefill_batch()
     result = deferred.run(batch, published.append, 2)
@@ -178,6 +180,7 @@ def test_the_run_is_the_target_extend_then_the_stash() -> None:
     assert _stashed(catchup, [2, 5])[0] == [2001, 2002, 5004, 5005]
     assert deferred.report() == {
         "deferred_draft_prefill_window": 2,
+        "short_prefill": "separate-cache",
         "deferred_draft_prefill_batches": 1,
         "deferred_draft_prefill_tokens": 5,
         "deferred_draft_prefill_unstashed_batches": 0,
@@ -187,7 +190,8 @@ def test_the_run_is_the_target_extend_then_the_stash() -> None:
 def test_a_run_with_no_window_stashes_nothing_and_forgets_what_the_slots_missed() -> None:
     catchup = _catchup()
     catchup.record_plain_step([2], torch.tensor([2010]), torch.tensor([[2.0, 10.0, 0.5]]))
-    deferred = DeferredDraftPrefill(FakeTarget(), catchup, FakePlainStep(), window=2)
+    deferred = DeferredDraftPrefill(FakeTarget(), catchup, FakePlainStep(), window=2,
+                                    short_prefill=ShortPrefill.SEPARATE_CACHE)
     deferred.run(_prefill_batch(), None, 0)
     assert catchup.plan([2, 5]).rows == []
     assert deferred.report()["deferred_draft_prefill_unstashed_batches"] == 1
@@ -205,7 +209,8 @@ def test_only_a_prefill_whose_requests_all_ask_for_two_tokens_or_fewer_decodes_o
 
 
 def test_the_run_needs_no_publish_callback() -> None:
-    deferred = DeferredDraftPrefill(FakeTarget(), _catchup(), FakePlainStep(), window=1)
+    deferred = DeferredDraftPrefill(FakeTarget(), _catchup(), FakePlainStep(), window=1,
+                                    short_prefill=ShortPrefill.SEPARATE_CACHE)
     assert deferred.run(_prefill_batch(), None, 1).new_seq_lens.tolist() == [3, 6]
 
 

@@ -16,6 +16,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang_dynamic_eagle.auto_policy import AcceptanceEstimate
 from sglang_dynamic_eagle.counters import ModeCounters
 from sglang_dynamic_eagle.deferred_draft_prefill import DeferredDraftPrefill, NoDeferral
+from sglang_dynamic_eagle.short_requests import ShortPrefill, namespace_short_request
 from sglang_dynamic_eagle.draft_catchup import CatchupPlan, batch_req_pool_indices
 from sglang_dynamic_eagle.host_syncs import HostSyncCounter
 from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy, ThresholdPolicyConfig
@@ -158,11 +159,20 @@ def fresh_requests():
     FINISHED.clear()
 
 
-def request_in(slot: int, max_new_tokens: int = 128) -> SimpleNamespace:
-    return REQUESTS.setdefault(
-        slot, SimpleNamespace(req_pool_idx=slot, finished=lambda: slot in FINISHED,
-                              sampling_params=SimpleNamespace(max_new_tokens=max_new_tokens))
-    )
+DYNAMIC_SCHEDULER = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE3_DYNAMIC"))
+
+
+def request_in(slot: int, max_new_tokens: int = 128, namespaced: bool = True) -> SimpleNamespace:
+    """The slot's request; a new one is namespaced as the scheduler's hook does it, unless
+    ``namespaced`` is False (a request whose length sglang capped after the hook ran)."""
+    if slot not in REQUESTS:
+        request = SimpleNamespace(req_pool_idx=slot, finished=lambda: slot in FINISHED,
+                                  sampling_params=SimpleNamespace(max_new_tokens=max_new_tokens),
+                                  extra_key=None)
+        if namespaced:
+            namespace_short_request(None, DYNAMIC_SCHEDULER, request)
+        REQUESTS[slot] = request
+    return REQUESTS[slot]
 
 
 def make_batch(mode: ForwardMode, slots: Sequence[int]) -> SimpleNamespace:
@@ -292,8 +302,10 @@ class RecordingDeferral(DeferredDraftPrefill):
     """The deferral's decisions, with a run that records the prefills it was given and
     publishes like the target half of EAGLE's prefill."""
 
-    def __init__(self, timer: FakePrefillTimer) -> None:
-        super().__init__(target_worker=None, catchup=None, plain_step=None, window=64)
+    def __init__(self, timer: FakePrefillTimer, window: int = 64,
+                 short_prefill: ShortPrefill = ShortPrefill.SEPARATE_CACHE) -> None:
+        super().__init__(target_worker=None, catchup=None, plain_step=None, window=window,
+                         short_prefill=short_prefill)
         self.timer = timer
         self.ran: List[List[int]] = []
         self.windows: List[int] = []
@@ -375,6 +387,37 @@ def test_while_speculating_a_prefill_of_requests_that_decode_once_defers_and_sta
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [2, 3]))
     worker.forward_batch_generation(make_batch(ForwardMode.MIXED, [1]))
     assert (deferred.ran, deferred.windows) == ([[1, 2]], [0])
+
+
+@pytest.mark.parametrize("short_prefill, deferred_slots", [
+    (ShortPrefill.SEPARATE_CACHE, [[1, 2]]),
+    (ShortPrefill.SHARED_CACHE, [[1, 2], [4]]),
+    (ShortPrefill.WITH_DRAFT, []),
+], ids=lambda value: getattr(value, "value", None))
+def test_which_prefills_of_short_requests_skip_the_draft(worker, short_prefill, deferred_slots
+                                                          ) -> None:
+    """With the separate cache the key decides: slot 4 asks for two tokens but was not put
+    into the short requests' namespace (sglang capped its length after the hook), so its
+    prefix may be shared with a request that speculates and its prefill keeps the draft."""
+    deferred = RecordingDeferral(worker.prefill_timer, window=0, short_prefill=short_prefill)
+    worker._deferral = deferred
+    decode(worker, [0])  # speculative
+    request_in(1, 2)
+    request_in(2, 1)
+    request_in(4, 2, namespaced=False)
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [1, 2]))
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [4]))
+    assert deferred.ran == deferred_slots
+    assert deferred.windows == [0] * len(deferred_slots)
+
+
+def test_without_a_window_a_prefill_in_plain_mode_of_long_requests_keeps_the_draft(worker
+                                                                                     ) -> None:
+    deferred = RecordingDeferral(worker.prefill_timer, window=0)
+    worker._deferral = deferred
+    decode(worker, [0, 1, 2])  # plain
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3, 4]))
+    assert deferred.ran == [] and worker.eagle_calls == ["EXTEND"]
 
 
 def test_stub_proposals_stay_out_of_the_acceptance_estimate(worker) -> None:

@@ -14,20 +14,18 @@ prompt positions keep stale draft KV (zeros or another request's entries): accep
 for them, never an output token, since the target verifies every one; through the radix cache
 a later request that shares such a prefix pays it too.
 
-A prefill whose requests all ask for at most two tokens (the prefill's and one decode step's,
-as scoring and classification loads do) is deferred in either mode and stashes nothing: a
-speculative step yields at least the one token such a request has left, so speculation cannot
-shorten it and its draft KV is never read, except through the radix cache: a later request
-that shares its prompt's prefix reads that prefix's stale draft KV, as after any deferred
-prefill (the target still verifies every token). In a speculative step its rows propose from the
-stub: :class:`StubProposals` keeps their verifications out of the policy's acceptance
-estimate (the mode counters count them).
+A prefill whose requests all ask for at most two tokens runs the target extend alone in either
+mode and stashes nothing, with or without a window (``short_requests``: by default such
+requests cache their prefixes apart from every other request, so that no draft KV they leave
+stale is ever read). In a speculative step their rows propose from the stub:
+:class:`StubProposals` keeps their verifications out of the policy's acceptance estimate (the
+mode counters count them).
 
-Off by default. Outputs stay lossless, but stale prompt draft KV costs acceptance wherever a
-later speculative step reads it: with a draft that copies from its prompt (one H200,
-2026-12-02), a window covering the prompt kept EAGLE3's acceptance (3.250 against 3.160 tokens
-per verify) and a window of 16 lost 28% of it. The server cannot know at the prefill whether a
-prompt will be read that far back or its prefix reused.
+The window is off by default. Outputs stay lossless, but stale prompt draft KV costs
+acceptance wherever a later speculative step reads it: with a draft that copies from its
+prompt (one H200, 2026-12-02), a window covering the prompt kept EAGLE3's acceptance (3.250
+against 3.160 tokens per verify) and a window of 16 lost 28% of it. The server cannot know at
+the prefill whether a prompt will be read that far back or its prefix reused.
 """
 
 from __future__ import annotations
@@ -41,6 +39,8 @@ from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
 from sglang_dynamic_eagle.draft_catchup import MAX_WINDOW, batch_req_pool_indices
+from sglang_dynamic_eagle.short_requests import (ShortPrefill, all_in_separate_cache,
+                                                 asks_at_most_two_tokens)
 from sglang_dynamic_eagle.startup_errors import StartupError
 
 if TYPE_CHECKING:
@@ -63,10 +63,6 @@ def deferred_prefill_window() -> int:
     return int(raw)
 
 
-# The prefill's token and one decode step's: speculation cannot shorten such a request.
-MAX_TOKENS_THAT_CANNOT_SPECULATE = 2
-
-
 def can_defer(batch: ScheduleBatch) -> bool:
     """A prefill of text prompts alone: mixed batches, input embeddings and multimodal
     inputs keep sglang's path."""
@@ -80,11 +76,16 @@ def can_defer(batch: ScheduleBatch) -> bool:
 def decode_at_most_once(batch: ScheduleBatch) -> bool:
     """Every request of the batch finishes within one decode step after its prefill (of a
     decode batch: in this step)."""
-    return all(
-        request.sampling_params.max_new_tokens is not None
-        and request.sampling_params.max_new_tokens <= MAX_TOKENS_THAT_CANNOT_SPECULATE
-        for request in batch.reqs
-    )
+    return all(asks_at_most_two_tokens(request) for request in batch.reqs)
+
+
+def defers_short_requests(batch: ScheduleBatch, short_prefill: ShortPrefill) -> bool:
+    """Whether the prefill is one of short requests alone that skips the draft: with
+    ``separate-cache``, requests that sglang caches apart (the key decides, not the length:
+    only they are sure never to share their prefix with a request that speculates)."""
+    if short_prefill is ShortPrefill.SEPARATE_CACHE:
+        return all_in_separate_cache(batch.reqs)
+    return short_prefill is ShortPrefill.SHARED_CACHE and decode_at_most_once(batch)
 
 
 class RunningRequests:
@@ -171,11 +172,13 @@ class DeferredDraftPrefill(NoDeferral):
         catchup: DraftCatchup,
         plain_step: PlainDecodeStep,
         window: int,
+        short_prefill: ShortPrefill,
     ) -> None:
         self._target_worker = target_worker
         self._catchup = catchup
         self._plain_step = plain_step
         self.window = window
+        self.short_prefill = short_prefill
         self.batches = 0
         self.tokens = 0
         self.unstashed_batches = 0
@@ -186,10 +189,12 @@ class DeferredDraftPrefill(NoDeferral):
         self._running.prefilled(batch.reqs)
         if not can_defer(batch):
             return None
-        if decode_at_most_once(batch):
+        if defers_short_requests(batch, self.short_prefill):
             self._stub_proposals.prefilled(batch.reqs)
             return 0
-        return self.window if expects_plain(self._running.count()) else None
+        if self.window and expects_plain(self._running.count()):
+            return self.window
+        return None
 
     def decoded(self, batch: ScheduleBatch) -> None:
         self._running.decoded(batch.reqs)
@@ -227,6 +232,7 @@ class DeferredDraftPrefill(NoDeferral):
     def report(self) -> Dict[str, int]:
         return {
             "deferred_draft_prefill_window": self.window,
+            "short_prefill": self.short_prefill.value,
             "deferred_draft_prefill_batches": self.batches,
             "deferred_draft_prefill_tokens": self.tokens,
             "deferred_draft_prefill_unstashed_batches": self.unstashed_batches,

@@ -24,6 +24,7 @@ from sglang_dynamic_eagle.deferred_draft_prefill import deferred_prefill_window
 from sglang_dynamic_eagle.draft_catchup import catchup_budget_bytes, catchup_max_window
 from sglang_dynamic_eagle.draft_prefill import draft_prefill_choice
 from sglang_dynamic_eagle.flags import ALGORITHM_NAME, current_flags
+from sglang_dynamic_eagle.short_requests import short_prefill
 
 if TYPE_CHECKING:
     import torch
@@ -105,6 +106,7 @@ class DynamicEagleSpecAlgo(CustomSpecAlgo):
         catchup_max_window()
         draft_prefill_choice()
         deferred_prefill_window()
+        short_prefill()
         _complete_chain_drafting(server_args)
         _EAGLE3.handle_server_args(server_args)
         if user_max_running_requests is None:

@@ -18,7 +18,8 @@ from typing import Any, Callable, List, Tuple
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_dynamic_eagle import flags, prefill_tail_tokens, reporting_hooks, request_guards
+from sglang_dynamic_eagle import (flags, prefill_tail_tokens, reporting_hooks, request_guards,
+                                  short_requests)
 
 HOOK = "hook"
 SUBCLASS = "subclass"
@@ -384,6 +385,24 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         code=("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",),
     ),
     UpstreamReliance(
+        target="sglang.srt.managers.scheduler.Scheduler._maybe_namespace_elastic_radix_cache",
+        how="AFTER hook appends the short requests' namespace to the extra_key of an "
+        "EAGLE3_DYNAMIC request that asks for at most two tokens "
+        "(short_requests.namespace_short_request); the deferral then recognises such a "
+        "prefill by that key",
+        why="a prefill of such requests skips the draft, so their prefixes' draft KV is stale; "
+        "this is where sglang namespaces every new generate request's radix key before it "
+        "queues it (elastic EP does the same), and the radix cache never matches across "
+        "extra_key values, so no request that may speculate reuses that draft KV",
+        drop_when="sglang lets a speculative worker mark cached KV as target-only (or offers a "
+        "per-request cache-namespace hook)",
+        kind=HOOK,
+        code=(
+            "sglang.srt.managers.scheduler.Scheduler._maybe_namespace_elastic_radix_cache",
+            "sglang.srt.mem_cache.radix_cache.RadixKey",
+        ),
+    ),
+    UpstreamReliance(
         target="sglang.srt.plugins.hook_registry.HookRegistry (behaviour)",
         how="every hook above is registered in HOOKS and installed by install_hooks(); "
         "missing_hooks() walks each target's wrapper chain for our hook",
@@ -418,6 +437,8 @@ HOOKS: Tuple[HookSpec, ...] = (
              request_guards.check_request_token_ids, HookType.BEFORE),
     HookSpec("sglang.srt.speculative.eagle_worker_v2._eagle_prefill_tail_tokens",
              prefill_tail_tokens.tail_tokens_without_sync, HookType.AROUND),
+    HookSpec("sglang.srt.managers.scheduler.Scheduler._maybe_namespace_elastic_radix_cache",
+             short_requests.namespace_short_request, HookType.AFTER),
 )
 
 _installed = False

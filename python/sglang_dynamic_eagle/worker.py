@@ -13,11 +13,11 @@ After the step it hands the step's end to the cost tracker (``step_costs``), and
 to the acceptance estimate. Prefill batches take EAGLE-3's path (target extend + draft
 extend), so new requests start with a correct draft context in either mode; the draft extend
 runs the draft's output projection and MLP only at each request's last position
-(``draft_prefill``), and ``prefill_timing`` measures both parts. Optionally
+(``draft_prefill``), and ``prefill_timing`` measures both parts. A prefill of requests that
+ask for at most two tokens skips the draft in either mode (``short_requests``), and a decode
+batch of such requests alone runs plain without asking the policy. Optionally
 (``deferred_draft_prefill``), a prefill whose requests join a batch the policy expects to
-decode plainly runs the target extend alone and leaves the draft KV to the catch-up, a
-prefill of requests that ask for at most two tokens skips the draft in either mode, and a
-decode batch of such requests alone runs plain without asking the policy.
+decode plainly runs the target extend alone and leaves the draft KV to the catch-up.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ from sglang_dynamic_eagle.policy import (
 )
 from sglang_dynamic_eagle.prefill_timing import PrefillTimer
 from sglang_dynamic_eagle.prometheus_metrics import MetricsExport
+from sglang_dynamic_eagle.short_requests import ShortPrefill, short_prefill
 from sglang_dynamic_eagle.spec_algo import speculative_graph_max_bs
 from sglang_dynamic_eagle.step_costs import DecodeCostTracker, calibrate, tp_max_reducer
 
@@ -117,10 +118,10 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             self._plain_graphs,
             self._catchup,
         )
-        window = deferred_prefill_window()
-        if window:
+        window, short = deferred_prefill_window(), short_prefill()
+        if window or short is not ShortPrefill.WITH_DRAFT:
             self._deferral = DeferredDraftPrefill(
-                self._target_worker, self._catchup, self._plain_step, window
+                self._target_worker, self._catchup, self._plain_step, window, short
             )
         max_speculative_batch = self._speculative_graph_max_bs()
         self._costs = self._new_cost_tracker(max_speculative_batch)

@@ -15,6 +15,12 @@ decode plainly skip the draft's prefill, and speculation resumes a few positions
   fall short of that bar (the negative control, now able to fail), and the printed gap is
   what stale prompt draft KV costs such a draft.
 
+And the default for requests that ask for at most two tokens (``short_requests``): such
+requests prefill the recall prompts (the draft's prefill skipped), then lone long requests
+send the same prompts. With the short requests' separate radix cache (the default) the long
+requests reuse none of it: lossless and within 10% of EAGLE3's acceptance. Its negative
+control, ``shared-cache``, lets them reuse the prompts' stale draft KV and must fall short.
+
 Set SGLANG_DE_RECALL_PAIR to a folder of an earlier training run to skip the training
 (about two minutes on one H200).
 """
@@ -31,11 +37,12 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 
 from sglang_dynamic_eagle.deferred_draft_prefill import DEFER_ENV
+from sglang_dynamic_eagle.short_requests import SHORT_PREFILL_ENV, ShortPrefill
 
 from gpu_servers import (FIXED_THRESHOLD_FLAGS, REPO_ROOT, TINY_MEMORY_ARGS, LazyServers,
                          tiny_pair_args, tiny_pair_server_env)
 from test_dynamic_eagle_tiny import (MAX_ACCEPTANCE_LOSS, MIN_CATCHUP_GAIN, deferred_run,
-                                     eagle3_acceptance_of, send)
+                                     eagle3_acceptance_of, send, spec_acceptance)
 from token_comparison import first_difference
 
 pytestmark = pytest.mark.gpu
@@ -88,10 +95,13 @@ def recall_servers(recall_pair: Path) -> Iterator[LazyServers]:
         "recall_eagle3": common + ["--speculative-algorithm", "EAGLE3", *draft],
         "recall_covering": dynamic,
         "recall_short": dynamic,
+        "recall_separate_cache": dynamic,
+        "recall_shared_cache": dynamic,
     }
     servers = LazyServers(specs, env=tiny_pair_server_env(), server_envs={
         "recall_covering": {DEFER_ENV: str(COVERING_WINDOW)},
         "recall_short": {DEFER_ENV: str(SHORT_WINDOW)},
+        "recall_shared_cache": {SHORT_PREFILL_ENV: ShortPrefill.SHARED_CACHE.value},
     })
     try:
         servers.start(list(specs))
@@ -168,3 +178,71 @@ def test_a_short_window_control_loses_acceptance(recall_runs) -> None:
     assert_the_targets_were_deferred(short, recall_runs["target_tokens"])
     assert short["acceptance"] < (1 - MAX_ACCEPTANCE_LOSS) * recall_runs["eagle3_acceptance"]
     assert covering["acceptance"] >= short["acceptance"] + MIN_CATCHUP_GAIN
+
+
+def short_then_long(server, targets: List[Dict]) -> Tuple[List[dict], Dict[str, float]]:
+    """Each recall prompt asked for two tokens, then each sent alone for the copy: the long
+    requests' outputs, their acceptance, the short prefills that skipped the draft and the
+    prompt tokens the long requests found cached."""
+    before_short = server.dynamic_counters()
+    for target in targets:
+        server.generate(target["input_ids"], 2)
+    before_long = server.dynamic_counters()
+    outputs = [server.generate(target["input_ids"], RECALL_TOKENS) for target in targets]
+    after = server.dynamic_counters()
+    return outputs, {
+        "acceptance": spec_acceptance(before_long, after),
+        "short_prefills_without_draft": (
+            before_long["deferred_draft_prefill_unstashed_batches"]
+            - before_short.get("deferred_draft_prefill_unstashed_batches", 0)),
+        "cached_tokens": sum(output["meta_info"]["cached_tokens"] for output in outputs),
+        "short_prefill": after["short_prefill"],
+    }
+
+
+@pytest.fixture(scope="module")
+def short_prefill_runs(recall_servers: LazyServers, recall_pair: Path) -> Dict[str, object]:
+    eval_set = json.loads((recall_pair / "eval_prompts.json").read_text())
+    _, _, targets = recall_load(eval_set)
+    separate, separate_stats = short_then_long(recall_servers["recall_separate_cache"], targets)
+    _, shared_stats = short_then_long(recall_servers["recall_shared_cache"], targets)
+    plain = send(recall_servers["recall_plain"], targets, [RECALL_TOKENS] * len(targets),
+                 len(targets))
+    eagle3 = eagle3_acceptance_of(recall_servers["recall_eagle3"], targets, RECALL_TOKENS)
+    prompt_tokens = sum(len(target["input_ids"]) for target in targets)
+    print(f"short requests first: separate cache {separate_stats}, shared cache {shared_stats}, "
+          f"EAGLE3 acceptance {eagle3:.3f}, prompt tokens {prompt_tokens}")
+    return {"separate": separate, "plain": plain, "separate_stats": separate_stats,
+            "shared_stats": shared_stats, "eagle3_acceptance": eagle3,
+            "prompt_tokens": prompt_tokens}
+
+
+SHORT_PREFILL_SERVERS = ("recall_plain", "recall_eagle3", "recall_separate_cache",
+                         "recall_shared_cache")
+
+
+@pytest.mark.uses_servers(*SHORT_PREFILL_SERVERS)
+def test_short_requests_draft_free_prefixes_are_not_reused_by_long_ones(short_prefill_runs
+                                                                         ) -> None:
+    runs = short_prefill_runs
+    stats = runs["separate_stats"]
+    differences = [i for i, (d, p) in enumerate(zip(runs["separate"], runs["plain"]))
+                   if first_difference(d["output_ids"], p["output_ids"]) is not None]
+    assert not differences
+    assert stats["short_prefill"] == ShortPrefill.SEPARATE_CACHE.value
+    assert stats["short_prefills_without_draft"] >= RECALL_TARGETS
+    assert stats["cached_tokens"] <= PREFIX_MATCH_SLACK * RECALL_TARGETS
+    assert stats["acceptance"] >= (1 - MAX_ACCEPTANCE_LOSS) * runs["eagle3_acceptance"]
+
+
+@pytest.mark.uses_servers(*SHORT_PREFILL_SERVERS)
+def test_a_shared_cache_control_loses_acceptance(short_prefill_runs) -> None:
+    """The negative control: long requests that reuse the short requests' prompts from one
+    cache read their stale draft KV, which the copying draft pays for beyond the bar."""
+    runs = short_prefill_runs
+    shared, separate = runs["shared_stats"], runs["separate_stats"]
+    assert runs["eagle3_acceptance"] >= MIN_EAGLE3_RECALL_ACCEPTANCE
+    assert shared["short_prefills_without_draft"] >= RECALL_TARGETS
+    assert shared["cached_tokens"] >= runs["prompt_tokens"] - PREFIX_MATCH_SLACK * RECALL_TARGETS
+    assert shared["acceptance"] < (1 - MAX_ACCEPTANCE_LOSS) * runs["eagle3_acceptance"]
+    assert separate["acceptance"] >= shared["acceptance"] + MIN_CATCHUP_GAIN
