@@ -345,9 +345,13 @@ def test_deferred_draft_prefill_window_of_one_control(deferred_prefill_runs):
 
 
 def leave_plain(server, eval_set) -> None:
-    """Eight requests that finish together above the disable threshold leave the server plain."""
+    """Eight requests that finish together above the disable threshold leave the server plain.
+    One request of eight prompts, so that they reach the scheduler together: sent apart, they
+    can be prefilled in two groups, and the last group's tail alone speculates again."""
     warm_up = eval_set["prompts"][-8:]
-    send(server, warm_up, [24] * len(warm_up), len(warm_up))
+    server.post("/generate", {"input_ids": [p["input_ids"] for p in warm_up],
+                              "sampling_params": {"temperature": 0.0, "ignore_eos": True,
+                                                  "max_new_tokens": 24}})
     counters = server.dynamic_counters()
     assert counters["switches_to_plain"] > counters["switches_to_speculative"]  # plain now
 
