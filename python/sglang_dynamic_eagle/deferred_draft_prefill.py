@@ -186,7 +186,8 @@ class DeferredDraftPrefill(NoDeferral):
         self._stub_proposals = StubProposals()
 
     def window_for(self, batch: ScheduleBatch, expects_plain: Callable[[int], bool]) -> Optional[int]:
-        self._running.prefilled(batch.reqs)
+        if self.window:
+            self._running.prefilled(batch.reqs)
         if not can_defer(batch):
             return None
         if defers_short_requests(batch, self.short_prefill):
@@ -197,7 +198,9 @@ class DeferredDraftPrefill(NoDeferral):
         return None
 
     def decoded(self, batch: ScheduleBatch) -> None:
-        self._running.decoded(batch.reqs)
+        # Only the window's rule reads the running requests: no copy per step without it.
+        if self.window:
+            self._running.decoded(batch.reqs)
 
     def speculative_step(self, batch: ScheduleBatch) -> None:
         self._stub_proposals.speculative_step(batch.reqs)
