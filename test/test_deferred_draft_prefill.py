@@ -145,12 +145,15 @@ def test_only_text_prefills_are_deferred() -> None:
 
 
 class FakeTarget:
+    """A target extend, which returns hidden states only when asked to capture them."""
+
     def __init__(self) -> None:
         self.capture_modes: List[CaptureHiddenMode] = []
 
     def forward_batch_generation(self, batch, capture_hidden_mode=None):
         self.capture_modes.append(capture_hidden_mode)
-        hidden = _extend([(2, 0, 3), (5, 4, 2)])[4]
+        captures = capture_hidden_mode != CaptureHiddenMode.NULL
+        hidden = _extend([(2, 0, 3), (5, 4, 2)])[4] if captures else None
         return SimpleNamespace(
             logits_output=SimpleNamespace(hidden_states=hidden),
             next_token_ids=torch.tensor([2003, 5006]),
@@ -190,9 +193,11 @@ def test_the_run_is_the_target_extend_then_the_stash() -> None:
 def test_a_run_with_no_window_stashes_nothing_and_forgets_what_the_slots_missed() -> None:
     catchup = _catchup()
     catchup.record_plain_step([2], torch.tensor([2010]), torch.tensor([[2.0, 10.0, 0.5]]))
-    deferred = DeferredDraftPrefill(FakeTarget(), catchup, FakePlainStep(), window=2,
+    target = FakeTarget()
+    deferred = DeferredDraftPrefill(target, catchup, FakePlainStep(), window=2,
                                     short_prefill=ShortPrefill.SEPARATE_CACHE)
     deferred.run(_prefill_batch(), None, 0)
+    assert target.capture_modes == [CaptureHiddenMode.NULL]
     assert catchup.plan([2, 5]).rows == []
     assert deferred.report()["deferred_draft_prefill_unstashed_batches"] == 1
 

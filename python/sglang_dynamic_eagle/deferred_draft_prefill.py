@@ -210,10 +210,10 @@ class DeferredDraftPrefill(NoDeferral):
 
     def run(self, batch: ScheduleBatch, on_publish, window: int) -> GenerationBatchResult:
         """The target extend of EAGLE-3's prefill, then a stash of each request's last
-        ``window`` positions (0: none) instead of the draft extend."""
-        result = self._target_worker.forward_batch_generation(
-            batch, capture_hidden_mode=CaptureHiddenMode.FULL
-        )
+        ``window`` positions (0: none) instead of the draft extend. With nothing to stash the
+        extend captures no hidden states: it is a plain server's prefill."""
+        capture = CaptureHiddenMode.FULL if window else CaptureHiddenMode.NULL
+        result = self._target_worker.forward_batch_generation(batch, capture_hidden_mode=capture)
         # Spec v2 keeps the committed length, as sglang's prefill does.
         result.new_seq_lens = batch.seq_lens
         if on_publish is not None:

@@ -224,13 +224,14 @@ class DraftCatchup:
         extend_lens: Sequence[int],
         seq_lens: Sequence[int],
         input_ids: torch.Tensor,
-        aux_hidden_states: torch.Tensor,
+        aux_hidden_states: Optional[torch.Tensor],
         window: int,
     ) -> None:
         """A prefill that ran no draft extend: stash each request's last ``window`` positions
         of it (fewer if it extended fewer, or if the ring could not hold them all), as a plain
         step stashes its one, so that these are the positions a catch-up rebuilds; and keep
-        the lengths it leaves (``seq_lens``, on the host) for that catch-up."""
+        the lengths it leaves (``seq_lens``, on the host) for that catch-up. With a window
+        of 0 there is nothing to stash and ``aux_hidden_states`` may be None."""
         self.forget(req_pool_indices_cpu)
         if not req_pool_indices_cpu:
             return
@@ -247,6 +248,8 @@ class DraftCatchup:
             self._missed[index] = kept
             self._entries[index].extend(range(entry, entry + kept))
         count = len(rows)
+        if not count:
+            return
         source = self._on_device(rows)
         ring = (torch.arange(count, dtype=torch.int64, device=self.device) + first) % self.ring_size
         self._tokens[ring] = input_ids[source].to(torch.int64)

@@ -199,8 +199,9 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
     ),
     UpstreamReliance(
         target="the target half of EAGLEWorkerV2's prefill (behaviour)",
-        how="a deferred prefill (deferred_draft_prefill, opt-in) calls the target worker's "
-        "forward_batch_generation with CaptureHiddenMode.FULL, sets new_seq_lens to the "
+        how="a deferred prefill (deferred_draft_prefill: short requests' by default, others "
+        "opt-in) calls the target worker's forward_batch_generation with CaptureHiddenMode.FULL "
+        "(NULL when it stashes nothing), sets new_seq_lens to the "
         "committed seq_lens and publishes, as sglang's prefill does before its draft extend, "
         "and fills next_draft_input with the plain step's zero stubs",
         why="sglang's prefill always runs the draft extend after the target's; skipping it "
