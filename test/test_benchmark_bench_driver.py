@@ -74,7 +74,7 @@ class FakeRequests:
         self.calls: list[str] = []
 
     def post(self, url, params=None, timeout=None):
-        self.calls.append(f"POST {url}?timeout={params['timeout']}")
+        self.calls.append(f"POST {url}" + (f"?timeout={params['timeout']}" if params else ""))
         return types.SimpleNamespace(raise_for_status=lambda: None)
 
     def get(self, url, timeout=None):
@@ -86,7 +86,7 @@ class FakeRequests:
 
 def test_each_runs_state_after_bench_servings_warm_up_is_recorded(serving, monkeypatch, tmp_path):
     """The flush after bench_serving's warm-up request waits for an idle server and is followed by
-    a /server_info snapshot, appended to the run's after-warm-up file with the run's concurrency."""
+    a GC freeze and a /server_info snapshot, appended to the run's after-warm-up file with the run's concurrency."""
     output = tmp_path / "bench.jsonl"
     fake = FakeRequests({"internal_states": [{"dynamic_eagle": {"speculative_steps": 7}}]})
     monkeypatch.setitem(sys.modules, "requests", fake)
@@ -97,8 +97,8 @@ def test_each_runs_state_after_bench_servings_warm_up_is_recorded(serving, monke
              Path(bench_driver.after_warmup_file(str(output))).read_text().splitlines()]
     assert [line["max_concurrency"] for line in lines] == [1, 8]
     assert lines[0]["server_info"]["internal_states"][0]["dynamic_eagle"] == {"speculative_steps": 7}
-    assert fake.calls[:2] == [f"POST http://h:1/flush_cache?timeout={bench_driver.FLUSH_WAIT_S}",
-                              "GET http://h:1/server_info"]
+    assert fake.calls[:3] == [f"POST http://h:1/flush_cache?timeout={bench_driver.FLUSH_WAIT_S}",
+                              "POST http://h:1/freeze_gc", "GET http://h:1/server_info"]
 
 
 def test_a_failed_snapshot_leaves_the_run_without_one(serving, monkeypatch, tmp_path):

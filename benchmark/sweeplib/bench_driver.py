@@ -9,7 +9,15 @@ parser makes of the group's flags plus --max-concurrency and --num-prompts. Its 
 request waits until the server is idle (`/flush_cache?timeout=`): sglang refuses a flush (HTTP
 400, failing the run) while a finished request is still in the overlap scheduler's last batch
 (Scheduler.is_fully_idle in sglang 0.5.17; read, not observed). After that flush the driver
-appends `{"max_concurrency": C, "server_info": ...}` to `<output file>.after_warmup.jsonl`.
+freezes the server's garbage collector (sglang's `/freeze_gc`: the tokenizer manager's and the
+scheduler's tracked objects move to the permanent generation), then appends
+`{"max_concurrency": C, "server_info": ...}` to `<output file>.after_warmup.jsonl`.
+
+Without the freeze, a generation-2 collection over a server's start-up heap lands in some
+measured runs and not others: 540-600 ms in the tokenizer manager of a plain and of an
+EAGLE3_DYNAMIC server alike, each time at the start of a run whose first request then waited
+about as long for its first token (one H200, 8B-shaped model, 2026-12-03). sglang's own log
+advises the freeze after warm-up requests; every configuration gets it, before every run.
 """
 
 from __future__ import annotations
@@ -69,11 +77,13 @@ def bench_serving_parser(serving) -> argparse.ArgumentParser:
 
 def flush_when_idle(base_url: str, backend: str) -> None:
     """Stand-in for bench_serving's flush_server_cache (sglang backends only), which then
-    appends the run's after-warm-up snapshot; a failed fetch only leaves it out."""
+    freezes the server's GC and appends the run's after-warm-up snapshot; a failed snapshot
+    fetch only leaves it out."""
     import requests
 
     requests.post(f"{base_url}/flush_cache", params={"timeout": FLUSH_WAIT_S},
                   timeout=FLUSH_WAIT_S + 10).raise_for_status()
+    requests.post(f"{base_url}/freeze_gc", timeout=FLUSH_WAIT_S).raise_for_status()
     if _current_run.get("snapshot_file") is None:
         return
     try:
