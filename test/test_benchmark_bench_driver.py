@@ -86,7 +86,8 @@ class FakeRequests:
 
 def test_each_runs_state_after_bench_servings_warm_up_is_recorded(serving, monkeypatch, tmp_path):
     """The flush after bench_serving's warm-up request waits for an idle server and is followed by
-    a GC freeze and a /server_info snapshot, appended to the run's after-warm-up file with the run's concurrency."""
+    a GC freeze and a /server_info snapshot, appended to the run's after-warm-up file with the
+    run's concurrency."""
     output = tmp_path / "bench.jsonl"
     fake = FakeRequests({"internal_states": [{"dynamic_eagle": {"speculative_steps": 7}}]})
     monkeypatch.setitem(sys.modules, "requests", fake)

@@ -199,6 +199,7 @@ def test_a_run_with_no_window_stashes_nothing_and_forgets_what_the_slots_missed(
     deferred.run(_prefill_batch(), None, 0)
     assert target.capture_modes == [CaptureHiddenMode.NULL]
     assert catchup.plan([2, 5]).rows == []
+    assert not catchup._prefill_lengths  # so plain steps have no lengths to drop
     assert deferred.report()["deferred_draft_prefill_unstashed_batches"] == 1
 
 

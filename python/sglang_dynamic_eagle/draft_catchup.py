@@ -214,7 +214,7 @@ class DraftCatchup:
             self._missed[index] += 1
             self._entries[index].append(entry)
         self._written = first + count
-        if self._prefill_lengths:  # only deferred prefills fill it; off by default
+        if self._prefill_lengths:  # only prefills that stash fill it: the window, off by default
             for index in req_pool_indices_cpu:
                 self._prefill_lengths.pop(index, None)
 
@@ -230,12 +230,15 @@ class DraftCatchup:
         """A prefill that ran no draft extend: stash each request's last ``window`` positions
         of it (fewer if it extended fewer, or if the ring could not hold them all), as a plain
         step stashes its one, so that these are the positions a catch-up rebuilds; and keep
-        the lengths it leaves (``seq_lens``, on the host) for that catch-up. With a window
-        of 0 there is nothing to stash and ``aux_hidden_states`` may be None."""
+        the lengths it leaves (``seq_lens``, on the host) for that catch-up. With nothing to
+        stash (a window of 0: ``aux_hidden_states`` may be None) it only forgets the slots'
+        previous requests."""
         self.forget(req_pool_indices_cpu)
         if not req_pool_indices_cpu:
             return
         per_request = min(window, self.max_window, self.ring_size // len(req_pool_indices_cpu))
+        if not per_request:
+            return
         rows: List[int] = []
         first = self._written
         end = 0
@@ -248,8 +251,6 @@ class DraftCatchup:
             self._missed[index] = kept
             self._entries[index].extend(range(entry, entry + kept))
         count = len(rows)
-        if not count:
-            return
         source = self._on_device(rows)
         ring = (torch.arange(count, dtype=torch.int64, device=self.device) + first) % self.ring_size
         self._tokens[ring] = input_ids[source].to(torch.int64)
