@@ -19,6 +19,7 @@ from sglang.srt.models import llama, llama_eagle3
 
 from sglang_dynamic_eagle import draft_prefill
 from sglang_dynamic_eagle.draft_prefill import (
+    DraftPrefillChoice,
     DRAFT_PREFILL_ENV,
     LastPositionDraftLayer,
     draft_prefill_choice,
@@ -203,6 +204,37 @@ def test_project_q_at_rows_of_one_row_per_request_equals_sglangs_projection() ->
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
+class MarkEvent:
+    """A CUDA event stand-in: whether the GPU has reached it."""
+
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+@pytest.mark.parametrize("target_done, rows_in_mlp", [(True, 7), (False, 2)],
+                         ids=["gpu-caught-up", "gpu-behind"])
+def test_the_layer_follows_the_gpu_at_the_marked_target_end(target_done, rows_in_mlp) -> None:
+    """With the target's extend finished on the GPU, the GPU waits for the host: sglang's layer
+    (fewer launches). Still running: the last-position layer (less GPU work). The mark is
+    read once: the next forward (a catch-up) has none and takes the last-position layer."""
+    extend_lens = [3, 4]
+    reference = sglang_layer()
+    expected_hidden, _ = run(reference, prefill_batch(extend_lens), 7)
+    choice = DraftPrefillChoice()
+    layer = as_last_position_layer(sglang_layer())
+    layer.choice = choice
+    choice.mark_target_end(MarkEvent(target_done))
+    hidden, _ = run(layer, prefill_batch(extend_lens), 7)
+    run(layer, prefill_batch(extend_lens), 7)
+    assert layer.mlp.rows_seen == [rows_in_mlp, 2]
+    assert (choice.caught_up, choice.behind) == ((1, 0) if target_done else (0, 1))
+    if target_done:
+        torch.testing.assert_close(hidden, expected_hidden)
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -258,7 +290,7 @@ def test_the_swap_applies_to_one_layer_llama_eagle3_drafts_only(monkeypatch) -> 
     monkeypatch.delenv(DRAFT_PREFILL_ENV, raising=False)
     model = fake_draft_model()
     assert swap_reason(model) is None
-    assert use_last_position_mlp(model)
+    assert use_last_position_mlp(model, DraftPrefillChoice())
     assert type(model.model.layers[0]) is LastPositionDraftLayer
     assert model.model.layers[0].split_q
 
@@ -269,7 +301,7 @@ def test_the_swap_applies_to_one_layer_llama_eagle3_drafts_only(monkeypatch) -> 
 
     other = fake_draft_model(model_class=OtherDraft)
     assert swap_reason(other) == "draft architecture OtherDraft"
-    assert not use_last_position_mlp(other)
+    assert not use_last_position_mlp(other, DraftPrefillChoice())
     assert type(other.model.layers[0]) is llama_eagle3.LlamaDecoderLayer
 
 
@@ -293,7 +325,7 @@ def test_the_environment_chooses_sglangs_full_layer(monkeypatch) -> None:
     monkeypatch.setenv(DRAFT_PREFILL_ENV, "full")
     model = fake_draft_model()
     assert swap_reason(model) == f"{DRAFT_PREFILL_ENV}=full"
-    assert not use_last_position_mlp(model)
+    assert not use_last_position_mlp(model, DraftPrefillChoice())
 
 
 def test_a_bad_environment_value_names_the_variable_and_the_choices(monkeypatch) -> None:

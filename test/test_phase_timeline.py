@@ -49,10 +49,9 @@ def test_a_record_waits_for_its_gpu_events_and_keeps_the_order(tmp_path: Path, m
 
 def test_idle_iterations_are_not_recorded():
     batch = SimpleNamespace(forward_mode=SimpleNamespace(name="DECODE"), reqs=[1, 2])
-    assert plugin._nothing_done("recv", (None, []), None)
-    assert not plugin._nothing_done("recv", (None, [object()]), None)
-    assert plugin._nothing_done("next_batch", (None,), None)
-    assert not plugin._nothing_done("next_batch", (None,), batch)
+    assert plugin._nothing_done("recv", (None, []))
+    assert not plugin._nothing_done("recv", (None, [object()]))
+    assert not plugin._nothing_done("run_batch", (None, batch))
     assert plugin._batch_facts((None, batch)) == {"mode": "DECODE", "reqs": 2}
     assert plugin._batch_facts((None,)) == {"mode": None, "reqs": None}
 

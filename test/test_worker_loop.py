@@ -97,15 +97,26 @@ class FakePrefillTimer:
     def harvest(self) -> None:
         self.calls.append("harvest")
 
-    def start(self, num_tokens: int) -> str:
+    def start(self, num_tokens: int) -> SimpleNamespace:
         self.calls.append(f"start {num_tokens}")
-        return "events"
+        return SimpleNamespace(target_end=None)
 
-    def target_done(self, events: str) -> None:
+    def target_done(self, events: SimpleNamespace) -> None:
         self.calls.append("target done")
+        events.target_end = f"target end {len(self.calls)}"
 
-    def stop(self, events: str) -> None:
+    def stop(self, events: SimpleNamespace) -> None:
         self.calls.append("stop")
+
+
+@dataclass
+class RecordingDraftPrefillChoice:
+    """The target-extend ends the worker marked for the draft layer's choice."""
+
+    marks: List[str] = field(default_factory=list)
+
+    def mark_target_end(self, event: str) -> None:
+        self.marks.append(event)
 
 
 @pytest.fixture
@@ -138,6 +149,7 @@ def worker(monkeypatch):
     instance._deferral = NoDeferral()
     instance._costs = FakeCosts()
     instance.prefill_timer = FakePrefillTimer()
+    instance._draft_prefill_choice = RecordingDraftPrefillChoice()
     instance.host_syncs = HostSyncCounter(enabled=False)
     instance._draft_worker = None
     instance.plan_stream = None
@@ -333,6 +345,16 @@ def test_with_deferral_a_prefill_in_plain_mode_runs_the_target_alone(worker) -> 
         + ["harvest", "start 20", "target extend", "target done", "stop"]
         + ["harvest", "start 10"] + eagle_prefill
     )
+
+
+def test_only_a_prefill_whose_draft_extend_follows_marks_the_target_end(worker) -> None:
+    """The draft layer chooses from the mark of the prefill it runs in; a deferred prefill
+    runs no draft, and a mark it left would be read by the next catch-up."""
+    worker._deferral = RecordingDeferral(worker.prefill_timer)
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [0]))  # EAGLE's prefill
+    decode(worker, [0, 1, 2])  # plain
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3, 4]))  # deferred
+    assert worker._draft_prefill_choice.marks == ["target end 4"]
 
 
 def test_without_deferral_a_prefill_in_plain_mode_takes_eagles_path(worker) -> None:

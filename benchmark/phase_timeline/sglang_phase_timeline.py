@@ -27,7 +27,6 @@ FLUSH_EVERY = 32
 # (phase name, dotted target, whether GPU time is recorded)
 PHASES: Tuple[Tuple[str, str, bool], ...] = (
     ("recv", "sglang.srt.managers.scheduler.Scheduler.process_input_requests", False),
-    ("next_batch", "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run", False),
     ("run_batch", "sglang.srt.managers.scheduler.Scheduler.run_batch", False),
     ("process_result", "sglang.srt.managers.scheduler.Scheduler.process_batch_result", False),
     ("resolve_seq_lens", "sglang.srt.managers.overlap_utils.FutureMap.resolve_seq_lens_cpu", False),
@@ -90,11 +89,9 @@ def _batch_facts(args: tuple) -> dict:
     return {"mode": getattr(mode, "name", None), "reqs": len(reqs) if reqs is not None else None}
 
 
-def _nothing_done(phase: str, args: tuple, result: Any) -> bool:
-    """Idle loop iterations: no request received, no batch formed."""
-    if phase == "recv":
-        return len(args) > 1 and not args[1]
-    return phase == "next_batch" and result is None
+def _nothing_done(phase: str, args: tuple) -> bool:
+    """Idle loop iterations: no request received."""
+    return phase == "recv" and len(args) > 1 and not args[1]
 
 
 def _around(phase: str, with_gpu: bool) -> Callable:
@@ -114,7 +111,7 @@ def _around(phase: str, with_gpu: bool) -> Callable:
         end = time.perf_counter_ns()
         if events is not None:
             events[1].record()
-        if not _nothing_done(phase, args, result):
+        if not _nothing_done(phase, args):
             _timeline.add({"phase": phase, **_batch_facts(args), "start_ns": start,
                            "end_ns": end}, events, _algorithm)
         return result

@@ -16,6 +16,7 @@ OPTIONAL_COUNTER_FIELDS = (
     "plain_graph_steps", "catchup_forwards", "catchup_truncated_tokens", "catchup_gpu_ms",
     "speculative_verified_requests", "speculative_accepted_tokens", "prefill_batches", "prefill_tokens",
     "prefill_target_gpu_ms", "prefill_draft_gpu_ms", "mismatched_results",
+    "draft_prefill_full_layer_gpu_caught_up", "draft_prefill_last_position_gpu_behind",
 )
 MEAN_ACCEPT_FIELD = "mean_accept_length"
 RUN_ACCEPT_FIELD = "speculative_accept_length"

@@ -20,7 +20,12 @@ verifies every one).
 
 It applies to EXTEND forwards that capture LAST hidden states without logprobs, outside CUDA
 graph capture (a captured graph has fixed shapes; prefills that replay a prefill graph keep
-sglang's full layer). Drafts of another architecture or with more than one layer keep sglang's
+sglang's full layer). It removes GPU work and adds about ten small launches (host work), so a
+prefill takes it only while the GPU is behind the host (:class:`DraftPrefillChoice`): when the
+GPU has already finished the target's extend by the time the draft's layer is launched, the GPU
+is waiting for the host's launches (a lone short prompt: one H200, 512 tokens, 2026-12-03, the
+last-position layer's launch took 2.8 ms of host time against 2.2 ms for sglang's), and sglang's
+layer, with fewer launches, delivers the first token sooner. Drafts of another architecture or with more than one layer keep sglang's
 path. The swap is refused, with one log line, when sglang's layer code is not the code this
 was written against (``UPSTREAM_LAYER_FINGERPRINT``). ``SGLANG_DYNAMIC_EAGLE_DRAFT_PREFILL=full``
 keeps sglang's layer (for comparison, or should a draft misbehave).
@@ -137,11 +142,38 @@ def project_q_at_rows(
     return q, k, v
 
 
+class DraftPrefillChoice:
+    """Which draft layer a prefill's draft extend runs, from whether the GPU has caught up with
+    the host: the worker marks the end of the target's extend (a CUDA event), the layer reads
+    the mark once, without waiting. A forward without a mark (the draft-KV catch-up) takes the
+    last-position layer."""
+
+    def __init__(self) -> None:
+        self._target_end: Optional[torch.cuda.Event] = None
+        self.caught_up = 0  # marked prefills that found the GPU caught up (sglang's layer)
+        self.behind = 0  # and those that found it behind (the last-position layer)
+
+    def mark_target_end(self, event: torch.cuda.Event) -> None:
+        self._target_end = event
+
+    def gpu_caught_up(self) -> bool:
+        """Whether the marked target extend has finished on the GPU (clears the mark)."""
+        event, self._target_end = self._target_end, None
+        if event is None:
+            return False
+        if event.query():
+            self.caught_up += 1
+            return True
+        self.behind += 1
+        return False
+
+
 class LastPositionDraftLayer(llama_eagle3.LlamaDecoderLayer):
     """sglang's EAGLE-3 input layer with Q, the output projection and the MLP restricted to
-    the rows that are read."""
+    the rows that are read, while the GPU is behind the host."""
 
     split_q: bool = False  # set by use_last_position_mlp
+    choice: Optional[DraftPrefillChoice] = None  # set by use_last_position_mlp
 
     def forward(
         self,
@@ -151,8 +183,9 @@ class LastPositionDraftLayer(llama_eagle3.LlamaDecoderLayer):
         forward_batch: ForwardBatch,
         residual: Optional[torch.Tensor],
     ) -> Tuple[torch.Tensor, torch.Tensor]:
+        caught_up = self.choice is not None and self.choice.gpu_caught_up()
         rows = last_rows(forward_batch, hidden_states) if self.is_input_layer else None
-        if rows is None:
+        if rows is None or caught_up:
             return super().forward(positions, embeds, hidden_states, forward_batch, residual)
         residual = hidden_states
         attention_input = torch.cat(
@@ -192,8 +225,9 @@ def swap_reason(draft_model: torch.nn.Module) -> Optional[str]:
     return None
 
 
-def use_last_position_mlp(draft_model: torch.nn.Module) -> bool:
-    """Swap the draft's layer for :class:`LastPositionDraftLayer` where it applies."""
+def use_last_position_mlp(draft_model: torch.nn.Module, choice: DraftPrefillChoice) -> bool:
+    """Swap the draft's layer for :class:`LastPositionDraftLayer` where it applies; ``choice``
+    decides per prefill."""
     reason = swap_reason(draft_model)
     if reason is not None:
         logger.info("EAGLE3_DYNAMIC: draft prefill runs sglang's full layer (%s).", reason)
@@ -201,6 +235,8 @@ def use_last_position_mlp(draft_model: torch.nn.Module) -> bool:
     layer = draft_model.model.layers[0]
     layer.__class__ = LastPositionDraftLayer
     layer.split_q = splits_q_projection(layer.self_attn)
+    layer.choice = choice
     logger.info("EAGLE3_DYNAMIC: draft prefill runs the draft's %soutput projection and MLP at "
-                "each request's last position only.", "queries, " if layer.split_q else "")
+                "each request's last position only while the GPU is behind the host.",
+                "queries, " if layer.split_q else "")
     return True

@@ -12,8 +12,8 @@ same collectives), then runs
 After the step it hands the step's end to the cost tracker (``step_costs``), and verify results
 to the acceptance estimate. Prefill batches take EAGLE-3's path (target extend + draft
 extend), so new requests start with a correct draft context in either mode; the draft extend
-runs the draft's output projection and MLP only at each request's last position
-(``draft_prefill``), and ``prefill_timing`` measures both parts. A prefill of requests that
+runs the draft's output projection and MLP only at each request's last position while the GPU
+is behind the host (``draft_prefill``), and ``prefill_timing`` measures both parts. A prefill of requests that
 ask for at most two tokens skips the draft in either mode (``short_requests``), and a decode
 batch of such requests alone runs plain without asking the policy. Optionally
 (``deferred_draft_prefill``), a prefill whose requests join a batch the policy expects to
@@ -56,7 +56,7 @@ from sglang_dynamic_eagle.draft_catchup import (
     catchup_max_window,
     choose_ring_size,
 )
-from sglang_dynamic_eagle.draft_prefill import use_last_position_mlp
+from sglang_dynamic_eagle.draft_prefill import DraftPrefillChoice, use_last_position_mlp
 from sglang_dynamic_eagle.flags import current_flags
 from sglang_dynamic_eagle.host_syncs import HostSyncCounter, sync_check_enabled
 from sglang_dynamic_eagle.plain_decode_graphs import PlainDecodeGraphs, plain_decode_batch_sizes
@@ -89,7 +89,9 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self.metrics_export = MetricsExport()  # used with --enable-metrics
         self.prefill_timer = PrefillTimer()
         self.host_syncs = HostSyncCounter(sync_check_enabled())
-        self._last_position_draft_mlp = use_last_position_mlp(self._draft_worker.draft_runner.model)
+        self._draft_prefill_choice = DraftPrefillChoice()
+        self._last_position_draft_mlp = use_last_position_mlp(
+            self._draft_worker.draft_runner.model, self._draft_prefill_choice)
         self._flags = current_flags()
         self._policy: Optional[DecodePolicy] = None
         self._plain_graphs: Optional[PlainDecodeGraphs] = None
@@ -306,13 +308,15 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         target extend and the draft extend (in non-overlap mode too, when given a callback)."""
         self.prefill_timer.harvest()  # keeps the pending events few without a report reading them
         events = self.prefill_timer.start(batch.extend_num_tokens or 0)
+        window = self._deferral.window_for(batch, self._expects_plain)
 
         def publish(new_seq_lens) -> None:
             self.prefill_timer.target_done(events)
+            if window is None:  # the draft's prefill follows
+                self._draft_prefill_choice.mark_target_end(events.target_end)
             if on_publish is not None:
                 on_publish(new_seq_lens)
 
-        window = self._deferral.window_for(batch, self._expects_plain)
         if window is None:
             result = super().forward_batch_generation(batch, publish, grammar_barrier)
         else:
@@ -402,6 +406,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             "catchup_max_window": self._catchup.max_window,
             "catchup_stash_mib": round(self._catchup.stash_bytes / 2**20, 1),
             "draft_prefill": "last-position" if self._last_position_draft_mlp else "full",
+            "draft_prefill_full_layer_gpu_caught_up": self._draft_prefill_choice.caught_up,
+            "draft_prefill_last_position_gpu_behind": self._draft_prefill_choice.behind,
             **self.prefill_timer.report(),
             **self._deferral.report(),
             **({"host_syncs": self.host_syncs.report()} if self.host_syncs.enabled else {}),
