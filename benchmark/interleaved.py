@@ -34,6 +34,7 @@ import argparse
 import dataclasses
 import logging
 import math
+import os
 import shlex
 import signal
 import statistics
@@ -43,7 +44,7 @@ import time
 from pathlib import Path
 
 import sweep
-from sweeplib import bench, bench_driver, configs, mode_counters, results, server
+from sweeplib import bench, bench_driver, configs, cpu_sets, mode_counters, results, server
 
 logger = logging.getLogger("interleaved")
 
@@ -237,12 +238,20 @@ def start_servers(args: argparse.Namespace, names: tuple[str, ...], workloads: l
     EAGLE3_DYNAMIC's start-up calibration does not time its graphs beside another server's
     loading and capture), appending each to ``served`` as it is launched so that the caller
     stops it whatever happens; a server that does not start is recorded and raises."""
-    for name, port, command in server_commands(args, names, workloads):
+    server_cpus: list = [None] * len(names)
+    if args.pin_cpus:
+        server_cpus, client_cpus = cpu_sets.cpu_sets(len(names))
+        os.sched_setaffinity(0, client_cpus)  # bench_serving inherits it
+        logger.info("CPUs: %s for the client", sorted(client_cpus))
+    for (name, port, command), cpus in zip(server_commands(args, names, workloads), server_cpus):
         record = document["configs"][name] = sweep.config_record(args, command)
-        logger.info("[%s] starting: %s", name, shlex.join(command))
+        if cpus:
+            record["cpus"] = sorted(cpus)
+        logger.info("[%s] starting%s: %s", name, f" on CPUs {sorted(cpus)}" if cpus else "",
+                    shlex.join(command))
         entry = ServedConfig(name, server.start_server(
             name, command, args.server_env, scratch / f"server_{name}.log",
-            server.base_url_of(args.host, port)), port)
+            server.base_url_of(args.host, port), cpus), port)
         served.append(entry)
         try:
             record["startup_s"] = server.wait_until_healthy(entry.running, args.server_timeout_s, ERROR_TAIL_LINES)
@@ -372,6 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--bench-timeout-s", type=float, default=300.0,
         help="per run: the bench process is killed after this times the number of runs and warm-ups "
              "(default %(default)s)")
+    add("--pin-cpus", action="store_true",
+        help="run each server on physical CPU cores of its own and the benchmark client on the rest "
+             "(an idle sglang scheduler keeps a CPU busy; see sweeplib/cpu_sets.py)")
     add("--log-tail-lines", type=int, default=LOG_TAIL_LINES,
         help=f"server log lines kept per configuration in {sweep.SERVER_LOGS_FILE} (default %(default)s)")
     return parser

@@ -56,11 +56,16 @@ def log_tail(path: Path, lines: int) -> str:
 
 
 def start_server(config: str, command: list[str], env: dict[str, str], log_path: Path,
-                 base_url: str) -> RunningServer:
-    """Launch the server in its own process group, so that stopping it also ends its workers."""
+                 base_url: str, cpus: set[int] | None = None) -> RunningServer:
+    """Launch the server in its own process group, so that stopping it also ends its workers;
+    with ``cpus``, it and every process it starts run on those CPUs only."""
+    def pin() -> None:
+        os.sched_setaffinity(0, cpus)
+
     with log_path.open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **env}, start_new_session=True)
+                                   env={**os.environ, **env}, start_new_session=True,
+                                   preexec_fn=pin if cpus else None)
     return RunningServer(config, process, log_path, base_url)
 
 
