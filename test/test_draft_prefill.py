@@ -235,6 +235,13 @@ def test_the_layer_follows_the_gpu_at_the_marked_target_end(target_done, rows_in
         torch.testing.assert_close(hidden, expected_hidden)
 
 
+def test_a_cleared_mark_is_not_read() -> None:
+    choice = DraftPrefillChoice()
+    choice.mark_target_end(MarkEvent(True))
+    choice.clear()
+    assert not choice.gpu_caught_up() and (choice.caught_up, choice.behind) == (0, 0)
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

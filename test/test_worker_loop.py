@@ -114,9 +114,14 @@ class RecordingDraftPrefillChoice:
     """The target-extend ends the worker marked for the draft layer's choice."""
 
     marks: List[str] = field(default_factory=list)
+    pending: Optional[str] = None
 
     def mark_target_end(self, event: str) -> None:
         self.marks.append(event)
+        self.pending = event
+
+    def clear(self) -> None:
+        self.pending = None
 
 
 @pytest.fixture
@@ -355,6 +360,7 @@ def test_only_a_prefill_whose_draft_extend_follows_marks_the_target_end(worker) 
     decode(worker, [0, 1, 2])  # plain
     worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3, 4]))  # deferred
     assert worker._draft_prefill_choice.marks == ["target end 4"]
+    assert worker._draft_prefill_choice.pending is None  # unread marks do not reach a catch-up
 
 
 def test_without_deferral_a_prefill_in_plain_mode_takes_eagles_path(worker) -> None:

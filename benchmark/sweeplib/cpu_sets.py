@@ -1,12 +1,13 @@
-"""Disjoint sets of physical CPU cores, one per server, for benchmarks that serve several
+"""Disjoint sets of CPU cores, one per server, for benchmarks that serve several
 configurations on one machine at once.
 
-sglang's scheduler busy-polls while idle, so an idle server keeps a CPU busy; a measured
-server whose scheduler shares a physical core (its SMT sibling) with that CPU launches its
-kernels more slowly. On one H200 machine (16 CPUs, 2026-12-03) the host time of the same
-512-token target extend varied between about 17 and 31 ms for stretches of seconds, in either
-of two servers up at once: enough to decide a time-to-first-token comparison at 1 request.
-Giving every server whole cores of its own, and the benchmark client the rest, removes that.
+sglang's scheduler busy-polls while idle, so every idle server keeps a CPU busy, and the
+operating system may place a measured server's scheduler beside it or beside the benchmark
+client. With ``--pin-cpus`` every server gets whole physical cores (SMT siblings together) of
+its own and the client the rest. What it does not remove: on the one-H200 machine (16 cores,
+one thread per core, 2026-12-03) the host time of the same 512-token target extend varied
+between about 17 and 31 ms for stretches of seconds in either of two servers up at once, and
+runs pinned this way still varied as much (median TTFT of one server's 1-request runs 33-51 ms).
 """
 
 from __future__ import annotations

@@ -156,6 +156,11 @@ class DraftPrefillChoice:
     def mark_target_end(self, event: torch.cuda.Event) -> None:
         self._target_end = event
 
+    def clear(self) -> None:
+        """After the prefill: a draft extend that replayed a prefill CUDA graph never read its
+        mark, and the next catch-up must not."""
+        self._target_end = None
+
     def gpu_caught_up(self) -> bool:
         """Whether the marked target extend has finished on the GPU (clears the mark)."""
         event, self._target_end = self._target_end, None

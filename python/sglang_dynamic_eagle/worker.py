@@ -319,6 +319,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
 
         if window is None:
             result = super().forward_batch_generation(batch, publish, grammar_barrier)
+            self._draft_prefill_choice.clear()
         else:
             result = self._deferral.run(batch, publish, window)
         self.prefill_timer.stop(events)
