@@ -106,3 +106,9 @@ def test_the_summary_shows_a_slower_draft_launch_where_it_is(tmp_path: Path):
     text = summarise.table(rows)
     assert "| draft prefill launch (host) | 2.00 | 2.00 | 4.00 | 4.00 |" in text
     assert "| prefill launch → result processed | 25.00 | 25.00 | 27.00 | 27.00 |" in text
+
+
+def test_a_missing_interval_does_not_spoil_the_median() -> None:
+    assert summarise.median([1.0, float("nan"), 3.0, 2.0]) == 2.0
+    assert summarise.percentile([float("nan"), 1.0, 2.0, 3.0, 4.0], 0.8) == 4.0
+    assert math.isnan(summarise.median([float("nan")]))

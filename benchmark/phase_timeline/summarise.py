@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 
 EXTEND = "EXTEND"
 NAN = float("nan")
+TARGET_LAUNCH = "target extend launch (host)"
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def prefill_intervals(records: List[Record]) -> List[Dict[str, float]]:
             "running_reqs": float(following.reqs or 0),
             "received → launch": _ms(received.end_ns, launch.start_ns) if received else NAN,
             "prefill launch (host)": launch.host_ms,
-            "target extend launch (host)": _host(target),
+            TARGET_LAUNCH: _host(target),
             "draft prefill launch (host)": _host(draft),
             "target extend (GPU)": _gpu(target),
             "draft prefill (GPU)": _gpu(draft),
@@ -136,10 +137,17 @@ def prefill_intervals(records: List[Record]) -> List[Dict[str, float]]:
 
 
 def percentile(values: List[float], fraction: float) -> float:
+    """The ``fraction`` quantile of the values that are numbers (an interval a prefill did not
+    have, such as a draft prefill that a short request's prefill skips, is NaN)."""
     values = sorted(v for v in values if v == v)
     if not values:
-        return float("nan")
+        return NAN
     return values[min(len(values) - 1, int(fraction * len(values)))]
+
+
+def median(values: List[float]) -> float:
+    numbers = [v for v in values if v == v]
+    return statistics.median(numbers) if numbers else NAN
 
 
 def table(by_server: Dict[str, List[Dict[str, float]]]) -> str:
@@ -153,7 +161,7 @@ def table(by_server: Dict[str, List[Dict[str, float]]]) -> str:
         cells = []
         for server in servers:
             values = [row[key] for row in by_server[server]]
-            cells.append(f"{statistics.median(values) if values else float('nan'):.2f} | "
+            cells.append(f"{median(values):.2f} | "
                          f"{percentile(values, 0.8):.2f}")
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -164,6 +172,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("directory")
     parser.add_argument("--groups", default="1,2-4",
                         help="running-request ranges to report apart (default %(default)s)")
+    parser.add_argument("--host-speed-split", metavar="FAST_MS,SLOW_MS",
+                        help="also report, within each group, the prefills whose target extend launch "
+                             "took less than FAST_MS and at least SLOW_MS apart: the host's speed varies "
+                             "over seconds, so that servers are compared at the same speed")
     args = parser.parse_args(argv)
     timelines = [read_timeline(path) for path in sorted(Path(args.directory).glob("timeline-*.jsonl"))]
     rows = {timeline.algorithm: prefill_intervals(timeline.records) for timeline in timelines}
@@ -176,6 +188,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             continue
         print(f"\n### Prefills followed by a batch of {group} requests\n")
         print(table(selected))
+        if args.host_speed_split:
+            fast_ms, slow_ms = (float(part) for part in args.host_speed_split.split(","))
+            for label, keep in ((f"under {fast_ms:g} ms", lambda ms: ms < fast_ms),
+                                (f"{slow_ms:g} ms or more", lambda ms: ms >= slow_ms)):
+                split = {server: [r for r in rows_ if keep(r[TARGET_LAUNCH])]
+                         for server, rows_ in selected.items()}
+                if all(split.values()):
+                    print(f"\n#### ... whose target extend launch took {label}\n")
+                    print(table(split))
     return 0
 
 
