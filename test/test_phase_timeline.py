@@ -112,3 +112,11 @@ def test_a_missing_interval_does_not_spoil_the_median() -> None:
     assert summarise.median([1.0, float("nan"), 3.0, 2.0]) == 2.0
     assert summarise.percentile([float("nan"), 1.0, 2.0, 3.0, 4.0], 0.8) == 4.0
     assert math.isnan(summarise.median([float("nan")]))
+
+
+def test_every_phase_names_a_function_of_the_installed_sglang() -> None:
+    """The plugin wraps sglang internals; a renamed one must fail here, not on the GPU."""
+    from sglang_dynamic_eagle.upstream_internals import resolve
+
+    for phase, target, _ in plugin.PHASES:
+        assert callable(resolve(target)), phase
