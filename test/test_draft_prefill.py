@@ -235,6 +235,14 @@ def test_the_layer_follows_the_gpu_at_the_marked_target_end(target_done, rows_in
         torch.testing.assert_close(hidden, expected_hidden)
 
 
+def test_with_tensor_parallelism_every_prefill_takes_the_last_position_layer() -> None:
+    """Ranks must run the same layer (their all-reduces differ in size between the two), and
+    each rank's GPU reaches the mark at its own time: the choice ignores marks."""
+    choice = DraftPrefillChoice(follows_gpu=False)
+    choice.mark_target_end(MarkEvent(True))
+    assert not choice.gpu_caught_up() and (choice.caught_up, choice.behind) == (0, 0)
+
+
 def test_a_cleared_mark_is_not_read() -> None:
     choice = DraftPrefillChoice()
     choice.mark_target_end(MarkEvent(True))

@@ -146,15 +146,21 @@ class DraftPrefillChoice:
     """Which draft layer a prefill's draft extend runs, from whether the GPU has caught up with
     the host: the worker marks the end of the target's extend (a CUDA event), the layer reads
     the mark once, without waiting. A forward without a mark (the draft-KV catch-up) takes the
-    last-position layer."""
+    last-position layer.
 
-    def __init__(self) -> None:
+    ``follows_gpu=False`` (tensor parallelism) ignores every mark: each rank's GPU reaches it at
+    its own time, and ranks that ran different layers would all-reduce tensors of different
+    sizes (the last-position layer's output projection and MLP run over one row per request)."""
+
+    def __init__(self, follows_gpu: bool = True) -> None:
+        self._follows_gpu = follows_gpu
         self._target_end: Optional[torch.cuda.Event] = None
         self.caught_up = 0  # marked prefills that found the GPU caught up (sglang's layer)
         self.behind = 0  # and those that found it behind (the last-position layer)
 
     def mark_target_end(self, event: torch.cuda.Event) -> None:
-        self._target_end = event
+        if self._follows_gpu:
+            self._target_end = event
 
     def clear(self) -> None:
         """After the prefill: a draft extend that replayed a prefill CUDA graph never read its

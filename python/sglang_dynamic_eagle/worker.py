@@ -89,7 +89,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self.metrics_export = MetricsExport()  # used with --enable-metrics
         self.prefill_timer = PrefillTimer()
         self.host_syncs = HostSyncCounter(sync_check_enabled())
-        self._draft_prefill_choice = DraftPrefillChoice()
+        draft_tp_size = getattr(self._draft_worker.draft_runner.tp_group, "world_size", 1)
+        self._draft_prefill_choice = DraftPrefillChoice(follows_gpu=draft_tp_size == 1)
         self._last_position_draft_mlp = use_last_position_mlp(
             self._draft_worker.draft_runner.model, self._draft_prefill_choice)
         self._flags = current_flags()
