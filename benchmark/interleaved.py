@@ -238,7 +238,7 @@ def start_servers(args: argparse.Namespace, names: tuple[str, ...], workloads: l
     EAGLE3_DYNAMIC's start-up calibration does not time its graphs beside another server's
     loading and capture), appending each to ``served`` as it is launched so that the caller
     stops it whatever happens; a server that does not start is recorded and raises."""
-    server_cpus: list = [None] * len(names)
+    server_cpus: list[set[int] | None] = [None] * len(names)
     if args.pin_cpus:
         server_cpus, client_cpus = cpu_sets.cpu_sets(len(names))
         os.sched_setaffinity(0, client_cpus)  # bench_serving inherits it

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable, Optional
 
 TOPOLOGY = "/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
 
@@ -29,7 +30,8 @@ def parse_cpu_list(text: str) -> list[int]:
     return cpus
 
 
-def physical_cores(cpus: list[int], siblings_of=None) -> list[list[int]]:
+def physical_cores(cpus: list[int],
+                   siblings_of: Optional[Callable[[int], list[int]]] = None) -> list[list[int]]:
     """The allowed CPUs grouped by physical core (SMT siblings together), in CPU order."""
     siblings_of = siblings_of or _siblings_from_sysfs
     allowed = set(cpus)
