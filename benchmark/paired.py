@@ -13,10 +13,12 @@ configuration and, as soon as it has finished, the same wave to the second (the 
 every pair), so the two waves of a pair run a fraction of a second apart, under the same host.
 Each pair gives the second configuration's median TTFT and output throughput (the wave's output
 tokens over its wall time) over the first's; the report gives the median of those ratios over
-the pairs and their quartiles, which a few slow stretches cannot move. Requests are sglang's
+the pairs and their quartiles, which a few slow stretches cannot move, and the geometric mean of
+the ratios with its 95% confidence interval (normal on the logarithms, pairs taken as
+independent), which says whether a difference was measured at all. Requests are sglang's
 own (``sglang.benchmark.serving.async_request_sglang_generate``, as bench_serving sends them);
 servers start as ``interleaved.py`` starts them, and every server's GC is frozen after the
-``--warmup-pairs``.
+``--warmup-pairs``. ``--report-from DIR`` summarises a saved run again, without servers.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import random
 import statistics
 import sys
@@ -96,6 +99,16 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return low, middle, high
 
 
+def geometric_mean_interval(ratios: list[float]) -> tuple[float, float, float]:
+    """(low, geometric mean, high): the 95% confidence interval of the mean log-ratio."""
+    logs = [math.log(ratio) for ratio in ratios]
+    centre = statistics.fmean(logs)
+    if len(logs) < 2:
+        return (math.exp(centre),) * 3
+    half_width = statistics.NormalDist().inv_cdf(0.975) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(centre - half_width), math.exp(centre), math.exp(centre + half_width)
+
+
 def pair_summary(pairs: list[dict[str, Wave]], first: str, other: str) -> dict:
     """The other configuration over the first, pair by pair, for the pairs where no request failed."""
     complete = [pair for pair in pairs if not pair[first].failed and not pair[other].failed]
@@ -107,6 +120,8 @@ def pair_summary(pairs: list[dict[str, Wave]], first: str, other: str) -> dict:
         "pairs": len(complete),
         "median_ttft_ratio_quartiles": quartiles(ttft),
         "throughput_ratio_quartiles": quartiles(throughput),
+        "ttft_ratio_geometric_mean_ci95": geometric_mean_interval(ttft),
+        "throughput_ratio_geometric_mean_ci95": geometric_mean_interval(throughput),
         "pairs_other_ttft_lower": sum(ratio < 1 for ratio in ttft),
         "median_ttft_ms": {name: statistics.median(pair[name].median_ttft_ms for pair in complete)
                            for name in (first, other)},
@@ -115,23 +130,33 @@ def pair_summary(pairs: list[dict[str, Wave]], first: str, other: str) -> dict:
     }
 
 
+def interval_text(interval: Sequence[float]) -> str:
+    low, centre, high = interval
+    return f"{centre:.3f} [{low:.3f}, {high:.3f}]"
+
+
 def report_markdown(document: dict, first: str, other: str) -> str:
     source = document["sources"][0]
     lines = [f"# {other} against {first}: the same prompts, wave by wave", "",
              f"`{source['command_line']}`, {source['created']}, {source['gpu']}.", "",
-             f"Per pair: {other}'s value over {first}'s; quartiles over the pairs (25% / median / 75%).", "",
-             f"| requests | pairs | median TTFT ratio | output throughput ratio | pairs with {other}'s TTFT lower "
+             f"Per pair: {other}'s value over {first}'s; quartiles over the pairs (25% / median / 75%), "
+             "geometric mean over the pairs [its 95% confidence interval].", "",
+             f"| requests | pairs | median TTFT ratio | TTFT ratio, geometric mean | output throughput ratio "
+             f"| throughput ratio, geometric mean | pairs with {other}'s TTFT lower "
              f"| median TTFT, ms ({first} / {other}) | output tok/s ({first} / {other}) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in document["summary"]:
         summary = row["summary"]
         if not summary["pairs"]:
-            lines.append(f"| {row['concurrency']} | 0 | n/a | n/a | n/a | n/a | n/a |")
+            lines.append(f"| {row['concurrency']} | 0 |" + " n/a |" * 7)
             continue
         ttft = " / ".join(f"{value:.3f}" for value in summary["median_ttft_ratio_quartiles"])
         throughput = " / ".join(f"{value:.3f}" for value in summary["throughput_ratio_quartiles"])
+        ttft_mean, throughput_mean = (interval_text(summary[key]) for key in (
+            "ttft_ratio_geometric_mean_ci95", "throughput_ratio_geometric_mean_ci95"))
         ms, tps = summary["median_ttft_ms"], summary["median_throughput"]
-        lines.append(f"| {row['concurrency']} | {summary['pairs']} | {ttft} | {throughput} | "
+        lines.append(f"| {row['concurrency']} | {summary['pairs']} | {ttft} | {ttft_mean} | {throughput} | "
+                     f"{throughput_mean} | "
                      f"{summary['pairs_other_ttft_lower']} | {ms[first]:.1f} / {ms[other]:.1f} | "
                      f"{tps[first]:.0f} / {tps[other]:.0f} |")
     return "\n".join(lines) + "\n"
@@ -206,11 +231,32 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-total-tokens", type=int, help="KV cap of each server (default: as interleaved.py)")
     add("--visible-special-tokens", action="store_true", help="requests with skip_special_tokens=False")
     add("--pin-cpus", action="store_true", help="as interleaved.py's")
+    add("--report-from", metavar="DIR", help="summarise the results.json in DIR again and rewrite its report; "
+        "starts no server")
     return parser
+
+
+def write_report(document: dict, out_dir: Path) -> None:
+    names = tuple(configs.parse_config_list(document["sources"][0]["settings"]["configs"]))
+    document["summary"] = summarise(document["pairs"], document["sources"][0]["settings"]["concurrencies"],
+                                    *names)
+    results.save_results(document, out_dir / RESULTS_FILE)
+    (out_dir / REPORT_FILE).write_text(report_markdown(document, *names))
+    print((out_dir / REPORT_FILE).read_text())
+
+
+def saved_run_to_report(argv: list[str] | None) -> Path | None:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--report-from", type=Path)
+    return parser.parse_known_args(argv)[0].report_from
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    saved_run = saved_run_to_report(argv)
+    if saved_run is not None:
+        write_report(results.load_results(saved_run / RESULTS_FILE), saved_run)
+        return 0
     args = build_parser().parse_args(argv)
     args.server_env = configs.parse_env_assignments(args.server_env)
     names = tuple(configs.parse_config_list(args.configs))
@@ -237,10 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for entry in served:
                 server.stop_server(entry.running)
-    document["summary"] = summarise(document["pairs"], args.concurrencies, *names)
-    results.save_results(document, out_dir / RESULTS_FILE)
-    (out_dir / REPORT_FILE).write_text(report_markdown(document, *names))
-    print((out_dir / REPORT_FILE).read_text())
+    write_report(document, out_dir)
     return 0
 
 

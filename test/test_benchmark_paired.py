@@ -53,8 +53,34 @@ def test_the_report_names_the_ratio_and_its_quartiles() -> None:
                     [{"a": wave("a", [40.0 + i]), "b": wave("b", [38.0 + i])} for i in range(5)], "a", "b")},
                             {"concurrency": 4, "summary": {"pairs": 0}}]}
     text = paired.report_markdown(document, "a", "b")
-    assert "| 1 | 5 | 0.951 / 0.952 / 0.954 | 1.000 / 1.000 / 1.000 | 5 | 42.0 / 40.0 |" in text
-    assert "| 4 | 0 | n/a |" in text
+    assert ("| 1 | 5 | 0.951 / 0.952 / 0.954 | 0.952 [0.951, 0.954] | 1.000 / 1.000 / 1.000 | "
+            "1.000 [1.000, 1.000] | 5 | 42.0 / 40.0 |") in text
+    assert "| 4 | 0 |" + " n/a |" * 7 in text
+
+
+def test_the_interval_excludes_one_only_where_the_pairs_show_a_difference() -> None:
+    """Ratios scattered 0.8-1.25 around 1 give an interval across 1; the same scatter around
+    0.9 gives one below 1; one ratio gives a point."""
+    around_one = [0.8, 1.25] * 30
+    low, centre, high = paired.geometric_mean_interval(around_one)
+    assert low < 1.0 < high and centre == pytest.approx(1.0)
+    low, centre, high = paired.geometric_mean_interval([0.9 * ratio for ratio in around_one])
+    assert high < 1.0 and centre == pytest.approx(0.9)
+    assert paired.geometric_mean_interval([1.1]) == pytest.approx((1.1, 1.1, 1.1))
+
+
+def test_a_saved_run_is_summarised_again_without_servers(tmp_path: Path, capsys) -> None:
+    measured = [{"concurrency": 1, "pair": i, "waves": {
+        "eagle3": {"config": "eagle3", "ttfts_ms": [40.0], "output_tokens": 100, "wall_s": 1.0, "failed": 0},
+        "dynamic": {"config": "dynamic", "ttfts_ms": [36.0], "output_tokens": 100, "wall_s": 1.0, "failed": 0}}}
+        for i in range(3)]
+    document = paired.results.new_results_document(["paired.py"], {"configs": "eagle3,dynamic", "concurrencies": [1]})
+    document["pairs"] = measured
+    paired.results.save_results(document, tmp_path / paired.RESULTS_FILE)
+    assert paired.main(["--report-from", str(tmp_path)]) == 0
+    saved = paired.results.load_results(tmp_path / paired.RESULTS_FILE)
+    assert saved["summary"][0]["summary"]["ttft_ratio_geometric_mean_ci95"] == pytest.approx((0.9, 0.9, 0.9))
+    assert "| 1 | 3 | 0.900 / 0.900 / 0.900 | 0.900 [0.900, 0.900] |" in (tmp_path / paired.REPORT_FILE).read_text()
 
 
 async def stand_in_generate(request: web.Request) -> web.StreamResponse:
