@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import logging
 import math
 import random
@@ -208,11 +207,9 @@ def summarise(measured: list[dict], concurrencies: Sequence[int], first: str, ot
     return rows
 
 
-def freeze_gc(urls: dict[str, str]) -> None:
-    import requests
-
+def freeze_gcs(urls: dict[str, str]) -> None:
     for url in urls.values():
-        requests.post(f"{url}/freeze_gc", timeout=60).raise_for_status()
+        bench_driver.freeze_gc(url)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             interleaved.start_servers(args, names, workloads, Path(scratch_name), document, served)
             urls = {entry.config: server.base_url_of(args.host, entry.port) for entry in served}
             document["pairs"] = asyncio.run(measure(
-                args, names, urls, sglang_request(args.visible_special_tokens), lambda: freeze_gc(urls)))
+                args, names, urls, sglang_request(args.visible_special_tokens), lambda: freeze_gcs(urls)))
         except server.ServerError as error:
             logger.error("%s", error)
             return 1

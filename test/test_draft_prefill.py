@@ -263,13 +263,17 @@ def test_a_cleared_mark_is_not_read() -> None:
     ids=lambda overrides: "-".join(f"{k}={v}" for k, v in overrides.items()),
 )
 def test_every_other_forward_runs_sglangs_full_layer(overrides) -> None:
+    """... without reading a marked target end: the counters count only the prefills that chose."""
     extend_lens = [3, 4]
     reference = sglang_layer()
     expected_hidden, _ = run(reference, prefill_batch(extend_lens, **overrides), 7)
     layer = as_last_position_layer(sglang_layer())
+    layer.choice = DraftPrefillChoice()
+    layer.choice.mark_target_end(MarkEvent(True))
     hidden, _ = run(layer, prefill_batch(extend_lens, **overrides), 7)
     torch.testing.assert_close(hidden, expected_hidden)
     assert layer.mlp.rows_seen == [7]
+    assert (layer.choice.caught_up, layer.choice.behind) == (0, 0)
 
 
 def test_one_row_per_request_graph_capture_and_compilation_keep_the_full_layer(monkeypatch) -> None:

@@ -39,7 +39,7 @@ class Record:
 
     @property
     def host_ms(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e6
+        return _ms(self.start_ns, self.end_ns)
 
 
 @dataclass

@@ -75,6 +75,13 @@ def bench_serving_parser(serving) -> argparse.ArgumentParser:
     raise RuntimeError("bench_serving's cli_main did not parse arguments")
 
 
+def freeze_gc(base_url: str) -> None:
+    """sglang's ``/freeze_gc``: the server's tracked objects move to the permanent generation."""
+    import requests
+
+    requests.post(f"{base_url}/freeze_gc", timeout=FLUSH_WAIT_S).raise_for_status()
+
+
 def flush_when_idle(base_url: str, backend: str) -> None:
     """Stand-in for bench_serving's flush_server_cache (sglang backends only), which then
     freezes the server's GC and appends the run's after-warm-up snapshot; a failed snapshot
@@ -83,7 +90,7 @@ def flush_when_idle(base_url: str, backend: str) -> None:
 
     requests.post(f"{base_url}/flush_cache", params={"timeout": FLUSH_WAIT_S},
                   timeout=FLUSH_WAIT_S + 10).raise_for_status()
-    requests.post(f"{base_url}/freeze_gc", timeout=FLUSH_WAIT_S).raise_for_status()
+    freeze_gc(base_url)
     if _current_run.get("snapshot_file") is None:
         return
     try:

@@ -25,10 +25,11 @@ prefill takes it only while the GPU is behind the host (:class:`DraftPrefillChoi
 GPU has already finished the target's extend by the time the draft's layer is launched, the GPU
 is waiting for the host's launches (a lone short prompt: one H200, 512 tokens, 2026-12-03, the
 last-position layer's launch took 2.8 ms of host time against 2.2 ms for sglang's), and sglang's
-layer, with fewer launches, delivers the first token sooner. Drafts of another architecture or with more than one layer keep sglang's
-path. The swap is refused, with one log line, when sglang's layer code is not the code this
-was written against (``UPSTREAM_LAYER_FINGERPRINT``). ``SGLANG_DYNAMIC_EAGLE_DRAFT_PREFILL=full``
-keeps sglang's layer (for comparison, or should a draft misbehave).
+layer, with fewer launches, delivers the first token sooner. Drafts of another architecture or
+with more than one layer keep sglang's path. The swap is refused, with one log line, when
+sglang's layer code is not the code this was written against (``UPSTREAM_LAYER_FINGERPRINT``).
+``SGLANG_DYNAMIC_EAGLE_DRAFT_PREFILL=full`` keeps sglang's layer (for comparison, or should a
+draft misbehave).
 """
 
 from __future__ import annotations
@@ -194,9 +195,8 @@ class LastPositionDraftLayer(llama_eagle3.LlamaDecoderLayer):
         forward_batch: ForwardBatch,
         residual: Optional[torch.Tensor],
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        caught_up = self.choice is not None and self.choice.gpu_caught_up()
         rows = last_rows(forward_batch, hidden_states) if self.is_input_layer else None
-        if rows is None or caught_up:
+        if rows is None or (self.choice is not None and self.choice.gpu_caught_up()):
             return super().forward(positions, embeds, hidden_states, forward_batch, residual)
         residual = hidden_states
         attention_input = torch.cat(

@@ -365,9 +365,11 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         ),
     ),
     UpstreamReliance(
-        target="GroupCoordinator.cpu_group / world_size of the target's tp_group",
+        target="GroupCoordinator.cpu_group / world_size of the target's tp_group; world_size of "
+        "the draft runner's",
         how="torch.distributed.all_reduce(MAX) of the cost vector on the TP group's gloo group "
-        "every 16 decode steps and once at start-up (step_costs.tp_max_reducer)",
+        "every 16 decode steps and once at start-up (step_costs.tp_max_reducer); the draft "
+        "prefill's layer choice is off when the draft's group has more than one rank",
         why="every rank must decide from the same cost table; a CPU collective needs no GPU "
         "synchronisation on the decode path",
         drop_when="n/a (sglang's own CPU barrier uses the same group)",

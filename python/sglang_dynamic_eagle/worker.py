@@ -13,9 +13,9 @@ After the step it hands the step's end to the cost tracker (``step_costs``), and
 to the acceptance estimate. Prefill batches take EAGLE-3's path (target extend + draft
 extend), so new requests start with a correct draft context in either mode; the draft extend
 runs the draft's output projection and MLP only at each request's last position while the GPU
-is behind the host (``draft_prefill``), and ``prefill_timing`` measures both parts. A prefill of requests that
-ask for at most two tokens skips the draft in either mode (``short_requests``), and a decode
-batch of such requests alone runs plain without asking the policy. Optionally
+is behind the host (``draft_prefill``), and ``prefill_timing`` measures both parts. A prefill of
+requests that ask for at most two tokens skips the draft in either mode (``short_requests``),
+and a decode batch of such requests alone runs plain without asking the policy. Optionally
 (``deferred_draft_prefill``), a prefill whose requests join a batch the policy expects to
 decode plainly runs the target extend alone and leaves the draft KV to the catch-up.
 """
