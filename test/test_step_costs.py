@@ -1,14 +1,15 @@
 """The parts of step_costs that run without a GPU: which graphs start-up calibration may replay,
-the tensor-parallel reducer for one rank, and when the cost table is refreshed."""
+the tensor-parallel reducer for one rank, and how timed steps reach the policy (identical on
+every rank)."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
 
 from sglang_dynamic_eagle import step_costs
-from sglang_dynamic_eagle.cost_model import MeasuredCosts
 from sglang_dynamic_eagle.policy import DecodeMode
 
 
@@ -51,33 +52,101 @@ def test_one_rank_reduces_to_a_copy() -> None:
     assert step_costs.tp_max_reducer(None)([3.0]) == [3.0]
 
 
-class _NoTimings:
-    """A StepTimer stand-in whose steps yield no samples (CUDA events need a GPU)."""
+class _FakeTimer:
+    """A StepTimer stand-in (CUDA events need a GPU): every step is timed at once, at
+    ``ms_of(step)``; ``lagging`` steps are not complete yet on this rank."""
 
-    def step_done(self, mode: DecodeMode, bucket) -> None:
-        pass
+    def __init__(self, ms_of, lagging=()) -> None:
+        self._ms_of, self._lagging, self._pending = ms_of, set(lagging), []
+
+    def step_done(self, step, mode, batch_size, kv_tokens) -> None:
+        self._pending.append(SimpleNamespace(step=step, mode=mode, batch_size=batch_size,
+                                             kv_tokens=kv_tokens))
 
     def finished(self):
-        return iter(())
+        done = [p for p in self._pending if p.step not in self._lagging]
+        self._pending = [p for p in self._pending if p.step in self._lagging]
+        return iter([(p, self._ms_of(p.step)) for p in done])
+
+    def interrupt(self) -> None:
+        pass
 
 
-def _tracker(refresh_steps: int) -> step_costs.DecodeCostTracker:
-    measured = MeasuredCosts({DecodeMode.PLAIN: [1, 2], DecodeMode.SPECULATIVE: [1, 2]}, {})
-    reductions = []
-
-    def reduce_max(vector):
-        reductions.append(list(vector))
-        return vector
-
-    tracker = step_costs.DecodeCostTracker(measured, reduce_max, refresh_steps)
-    tracker._timer = _NoTimings()
-    tracker.reductions = reductions
-    return tracker
+def _feed(ms_of, reduce_max=list, lagging=()):
+    received = []
+    feed = step_costs.TimingFeed(reduce_max, lambda *args: received.append(args), feed_steps=4)
+    feed._timer = _FakeTimer(ms_of, lagging)
+    return feed, received
 
 
-def test_cost_table_refreshes_every_refresh_steps_or_when_asked() -> None:
-    tracker = _tracker(refresh_steps=4)
-    refreshed = [tracker.step_done(DecodeMode.PLAIN, 1) for _ in range(8)]
-    assert refreshed == [False, False, False, True] * 2
-    assert tracker.step_done(DecodeMode.PLAIN, 1, refresh=True)
-    assert len(tracker.reductions) == 1 + 2 + 1  # start-up, two periodic, one asked for
+def test_timings_reach_the_policy_one_feed_period_late_with_their_batch() -> None:
+    feed, received = _feed(lambda step: float(step))
+    for step in range(1, 13):
+        feed.step_done(step, DecodeMode.PLAIN, batch_size=step % 3 + 1, kv_tokens=10 * step)
+    # Feeds at steps 4, 8, 12 cover [s - 8, s - 4): steps 1-3 at 8, 4-7 at 12.
+    assert [r[0] for r in received] == [1, 2, 3, 4, 5, 6, 7]
+    assert received[0] == (1, DecodeMode.PLAIN, 2, 10, 1.0)
+
+
+class _AllReduceMax:
+    """An element-wise MAX all-reduce between threads (one per emulated rank)."""
+
+    def __init__(self, ranks: int) -> None:
+        self._barrier = threading.Barrier(ranks)
+        self._vectors = {}
+
+    def for_rank(self, rank: int):
+        def reduce(vector):
+            self._vectors[rank] = list(vector)
+            self._barrier.wait()
+            result = [max(values) for values in zip(*self._vectors.values())]
+            self._barrier.wait()
+            return result
+        return reduce
+
+
+def _run_ranks(timers, steps=24):
+    all_reduce = _AllReduceMax(len(timers))
+    received = [[] for _ in timers]
+    feeds = []
+    for rank, timer in enumerate(timers):
+        feed = step_costs.TimingFeed(all_reduce.for_rank(rank),
+                                     lambda *args, rank=rank: received[rank].append(args),
+                                     feed_steps=4)
+        feed._timer = timer
+        feeds.append(feed)
+
+    def run(feed):
+        for step in range(1, steps + 1):
+            feed.step_done(step, DecodeMode.SPECULATIVE, 4, 100 * step)
+
+    threads = [threading.Thread(target=run, args=(feed,)) for feed in feeds]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return received
+
+
+def test_ranks_hand_the_policy_identical_timings() -> None:
+    """Two ranks time the same steps differently, and one has some steps still pending: after
+    the all-reduce both hand the policy the same steps at the slower rank's time."""
+    received = _run_ranks([_FakeTimer(lambda step: 10.0 + step),
+                           _FakeTimer(lambda step: 30.0 - step, lagging={2, 6})])
+    assert received[0] == received[1]
+    times = {args[0]: args[4] for args in received[0]}
+    assert times[1] == 29.0 and times[12] == 22.0  # the slower rank's
+    assert times[2] == 12.0  # timed on one rank only: that rank's time
+
+
+def test_identical_timings_control_without_the_all_reduce() -> None:
+    """The negative control: ranks that do not reduce hand the policy different times."""
+    a, b = _FakeTimer(lambda step: 10.0 + step), _FakeTimer(lambda step: 30.0 - step)
+    received = [[], []]
+    for rank, timer in enumerate((a, b)):
+        feed = step_costs.TimingFeed(list, lambda *args, rank=rank: received[rank].append(args),
+                                     feed_steps=4)
+        feed._timer = timer
+        for step in range(1, 25):
+            feed.step_done(step, DecodeMode.SPECULATIVE, 4, 100 * step)
+    assert received[0] != received[1]

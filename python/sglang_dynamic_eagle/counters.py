@@ -31,9 +31,12 @@ class ModeCounters:
     # Results whose request count differs from their step's batch size: a sign that the
     # launch-order attribution below has slipped (expected to stay 0).
     mismatched_results: int = 0
-    _pending_modes: Deque[Tuple[DecodeMode, int]] = field(default_factory=deque, repr=False)
+    # The decode step (worker's index) of the latest result attributed by record_result.
+    verified_step: int = 0
+    _pending_modes: Deque[Tuple[DecodeMode, int, int]] = field(default_factory=deque, repr=False)
 
-    def record_step(self, mode: DecodeMode, batch_size: int, *, ran_graph: bool) -> None:
+    def record_step(self, mode: DecodeMode, batch_size: int, *, ran_graph: bool,
+                    step: int = 0) -> None:
         """Count one decode step at launch time."""
         if mode == DecodeMode.PLAIN:
             self.plain_steps += 1
@@ -42,7 +45,7 @@ class ModeCounters:
         else:
             self.speculative_steps += 1
             self.max_speculative_batch = max(self.max_speculative_batch, batch_size)
-        self._pending_modes.append((mode, batch_size))
+        self._pending_modes.append((mode, batch_size, step))
 
     def record_switch(self, new_mode: DecodeMode) -> None:
         if new_mode == DecodeMode.PLAIN:
@@ -64,7 +67,7 @@ class ModeCounters:
         """
         if not self._pending_modes:
             return None
-        mode, batch_size = self._pending_modes.popleft()
+        mode, batch_size, self.verified_step = self._pending_modes.popleft()
         if num_correct_drafts_per_req and len(num_correct_drafts_per_req) != batch_size:
             self.mismatched_results += 1
         if mode == DecodeMode.SPECULATIVE:

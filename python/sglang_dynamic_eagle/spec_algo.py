@@ -20,11 +20,9 @@ from typing import TYPE_CHECKING, Optional
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_dynamic_eagle.deferred_draft_prefill import deferred_prefill_window
 from sglang_dynamic_eagle.draft_catchup import catchup_budget_bytes, catchup_max_window
 from sglang_dynamic_eagle.draft_prefill import draft_prefill_choice
 from sglang_dynamic_eagle.flags import ALGORITHM_NAME, current_flags
-from sglang_dynamic_eagle.short_requests import short_prefill
 
 if TYPE_CHECKING:
     import torch
@@ -102,11 +100,7 @@ class DynamicEagleSpecAlgo(CustomSpecAlgo):
 
     def handle_server_args(self, server_args: ServerArgs) -> None:
         user_max_running_requests = server_args.max_running_requests
-        catchup_budget_bytes()
-        catchup_max_window()
-        draft_prefill_choice()
-        deferred_prefill_window()
-        short_prefill()
+        check_environment()
         _complete_chain_drafting(server_args)
         _EAGLE3.handle_server_args(server_args)
         if user_max_running_requests is None:
@@ -118,6 +112,15 @@ class DynamicEagleSpecAlgo(CustomSpecAlgo):
                 ALGORITHM_NAME,
             )
         _limit_speculative_graphs(server_args)
+
+
+def check_environment() -> None:
+    """Refuse a bad value of any environment variable this package reads at start-up, in one
+    line (``StartupError``): before sglang builds ``ServerArgs`` (``flags.refuse_before_resolution``)
+    and again in ``handle_server_args``."""
+    catchup_budget_bytes()
+    catchup_max_window()
+    draft_prefill_choice()
 
 
 def _complete_chain_drafting(server_args: ServerArgs) -> None:

@@ -4,16 +4,18 @@
   times per batch size and time it with CUDA events. A speculative step is the sum of its three
   graphs (multi-step draft, target verify, draft extend); a plain step is its plain-decode
   graph. The replays run on the capture-time buffers (dummy requests, context length 1), so the
-  calibration leaves out attention over real contexts and all host work: it is a prior that the
-  online timings rescale (``cost_model.MeasuredCosts``).
+  calibration leaves out attention over real contexts and all host work: it is the prior of
+  the policy's step model (``policy.step_model.ModeCost``), which timed steps refit.
 * :class:`StepTimer`: one CUDA event at the end of every decode step; the time between the ends
   of two consecutive decode steps of one mode, with no other forward between them, is one
   sample of that mode's step cost. It covers everything the GPU stream spends on a step: draft
   steps, verify, draft extend, sampling, the scheduler's per-step kernels and any wait for the
   host. Samples are read with ``Event.query()``, never waited for.
 * :class:`GpuIntervals`: start/end event pairs (catch-up forwards), read the same way.
-* :func:`tp_max_reducer`: the all-reduce (MAX, on the TP group's CPU group) that makes the
-  calibration and the cost table identical on every tensor-parallel rank.
+* :class:`TimingFeed`: hands the policy the timed steps, made identical on every
+  tensor-parallel rank by :func:`tp_max_reducer` (MAX on the TP group's CPU group).
+* :func:`memory_bandwidth_gbps`: the device's measured copy bandwidth, for the per-KV-token
+  cost prior.
 """
 
 from __future__ import annotations
@@ -26,15 +28,15 @@ from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Se
 import torch
 from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
 
-from sglang_dynamic_eagle.cost_model import CostTable, MeasuredCosts
 from sglang_dynamic_eagle.policy import DecodeMode
 
 logger = logging.getLogger(__name__)
 
 CALIBRATION_REPEATS = 5
-# Decode steps between two refreshes of the cost table (and, with tensor parallelism, between
-# two all-reduces of the timings): at 5-20 ms a step, a few times a second.
-TABLE_REFRESH_STEPS = 16
+# Decode steps between two hand-overs of step timings to the policy (with tensor parallelism,
+# two all-reduces): at 5-60 ms a step, several times a second. Each hand-over covers the steps
+# [s - 2 * FEED_STEPS, s - FEED_STEPS), whose events completed long ago on every rank.
+FEED_STEPS = 8
 Reducer = Callable[[List[float]], List[float]]
 
 
@@ -107,8 +109,10 @@ def calibrate(
 
 @dataclass
 class _PendingSample:
+    step: int
     mode: DecodeMode
-    bucket: int
+    batch_size: int
+    kv_tokens: int
     start: torch.cuda.Event
     end: torch.cuda.Event
 
@@ -127,15 +131,16 @@ class StepTimer:
         self._run_length = 0  # consecutive decode steps of the current mode, uninterrupted
         self._pending: Deque[_PendingSample] = deque()
 
-    def step_done(self, mode: DecodeMode, bucket: Optional[int]) -> None:
-        """Mark the end of a decode step whose work has just been enqueued."""
+    def step_done(self, step: int, mode: DecodeMode, batch_size: int, kv_tokens: int) -> None:
+        """Mark the end of decode step ``step`` whose work has just been enqueued."""
         end = torch.cuda.Event(enable_timing=True)
         end.record()
         previous = self._previous
         same_run = previous is not None and previous[0] is mode
         self._run_length = self._run_length + 1 if same_run else 1
-        if same_run and self._run_length > self._settle_steps + 1 and bucket is not None:
-            self._pending.append(_PendingSample(mode, bucket, previous[1], end))
+        if same_run and self._run_length > self._settle_steps + 1:
+            self._pending.append(
+                _PendingSample(step, mode, batch_size, kv_tokens, previous[1], end))
         self._previous = (mode, end)
 
     def interrupt(self) -> None:
@@ -143,11 +148,11 @@ class StepTimer:
         self._previous = None
         self._run_length = 0
 
-    def finished(self) -> Iterator[Tuple[DecodeMode, int, float]]:
-        """(mode, bucket, milliseconds) of every sample whose events have completed."""
+    def finished(self) -> Iterator[Tuple[_PendingSample, float]]:
+        """Every sample whose events have completed, with its milliseconds."""
         while self._pending and self._pending[0].end.query():
             sample = self._pending.popleft()
-            yield sample.mode, sample.bucket, sample.start.elapsed_time(sample.end)
+            yield sample, sample.start.elapsed_time(sample.end)
 
 
 class GpuIntervals:
@@ -199,38 +204,74 @@ def cpu_group_max_reducer(cpu_group) -> Reducer:
     return reduce
 
 
-class DecodeCostTracker:
-    """The cost table the policy reads: timings of this server's decode steps, refreshed (and
-    made identical across tensor-parallel ranks) every ``refresh_steps`` decode steps."""
+class TimingFeed:
+    """Timed decode steps to the policy, identical on every tensor-parallel rank.
 
-    def __init__(
-        self, measured: MeasuredCosts, reduce_max: Reducer, refresh_steps: int = TABLE_REFRESH_STEPS
-    ) -> None:
-        self.measured = measured
+    Every rank decides the same modes for the same batches, so a step's (mode, batch, KV
+    tokens) is the same everywhere and only its time differs: every ``FEED_STEPS`` decode steps
+    the times of the steps [s - 2F, s - F) are all-reduced with MAX (a TP step lasts as long as
+    its slowest rank; a step untimed on every rank stays out) and handed to ``sink``.
+    """
+
+    def __init__(self, reduce_max: Reducer, sink: Callable[[int, DecodeMode, int, int, float], None],
+                 feed_steps: int = FEED_STEPS) -> None:
         self._reduce_max = reduce_max
-        self._refresh_steps = refresh_steps
+        self._sink = sink
+        self._feed_steps = feed_steps
         self._timer = StepTimer()
+        self._steps: Dict[int, Tuple[DecodeMode, int, int]] = {}  # the same on every rank
+        self._times: Dict[int, float] = {}  # this rank's completed timings
         self._decode_steps = 0
-        self.table: CostTable = self._reduced_table()
-
-    def _reduced_table(self) -> CostTable:
-        return self.measured.table(self._reduce_max(self.measured.to_vector()))
 
     def interrupt(self) -> None:
         self._timer.interrupt()
 
-    def add_catchup(self, catchup_ms: float) -> None:
-        self.measured.add_catchup(catchup_ms)
-
-    def step_done(self, mode: DecodeMode, batch_size: int, refresh: bool = False) -> bool:
-        """Count one decode step (its work just enqueued); True when the table was refreshed:
-        every ``refresh_steps`` steps, or now if ``refresh`` (which, with tensor parallelism,
-        must be the same on every rank)."""
-        self._timer.step_done(mode, self.measured.bucket_of(mode, batch_size))
-        for sample_mode, bucket, step_ms in self._timer.finished():
-            self.measured.add_step(sample_mode, bucket, step_ms)
+    def step_done(self, step: int, mode: DecodeMode, batch_size: int, kv_tokens: int) -> None:
+        self._steps[step] = (mode, batch_size, kv_tokens)
+        self._timer.step_done(step, mode, batch_size, kv_tokens)
+        for sample, ms in self._timer.finished():
+            self._times[sample.step] = ms
         self._decode_steps += 1
-        if self._decode_steps % self._refresh_steps and not refresh:
-            return False
-        self.table = self._reduced_table()
-        return True
+        if self._decode_steps % self._feed_steps:
+            return
+        low, high = step - 2 * self._feed_steps, step - self._feed_steps
+        window = range(low, high)
+        times = self._reduce_max([self._times.get(s, -1.0) for s in window])
+        for s, ms in zip(window, times):
+            if ms > 0 and s in self._steps:
+                mode_s, batch_s, kv_s = self._steps[s]
+                self._sink(s, mode_s, batch_s, kv_s, ms)
+        for table in (self._steps, self._times):
+            for s in [s for s in table if s < high]:
+                del table[s]
+
+
+def memory_bandwidth_gbps(device=None, megabytes: int = 256, repeats: int = 5) -> float:
+    """Device-to-device copy bandwidth (GB/s: bytes read plus written over time), measured once
+    at start-up; the per-KV-token cost prior is the KV bytes of a token over it."""
+    n = megabytes * 2**20
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1000 / repeats
+    del src, dst
+    return 2 * n / seconds / 1e9
+
+
+def kv_bytes_per_token(model_runner) -> float:
+    """Bytes of KV cache one token holds over all layers of ``model_runner``'s pool (0 where
+    the pool does not say; the per-KV-token cost is then learnt from timed steps alone)."""
+    try:
+        pool = model_runner.token_to_kv_pool
+        k_bytes, v_bytes = pool.get_kv_size_bytes()
+        return float(k_bytes + v_bytes) / float(pool.size + pool.page_size)
+    except Exception:  # pools without a KV buffer (mamba, quantised layouts): learn it online
+        logger.info("EAGLE3_DYNAMIC: no KV size from %s; the per-KV-token cost starts at 0.",
+                    type(model_runner).__name__)
+        return 0.0

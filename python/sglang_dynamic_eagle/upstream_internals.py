@@ -18,8 +18,7 @@ from typing import Any, Callable, List, Tuple
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_dynamic_eagle import (flags, prefill_tail_tokens, reporting_hooks, request_guards,
-                                  short_requests)
+from sglang_dynamic_eagle import flags, prefill_tail_tokens, reporting_hooks, request_guards
 
 HOOK = "hook"
 SUBCLASS = "subclass"
@@ -177,10 +176,13 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
     ),
     UpstreamReliance(
         target="python -m sglang.launch_server: argument errors reach the top (behaviour)",
-        how="plugin.register installs a sys.excepthook that prints a StartupError (raised by "
-        "this package's startup validation inside ServerArgs.__post_init__) as one line",
+        how="flags.around_from_cli_args, for a command line that selects EAGLE3_DYNAMIC, "
+        "installs a sys.excepthook that prints a StartupError as one line, then runs this "
+        "package's validation and the NVIDIA GPU check before sglang builds ServerArgs",
         why="prepare_server_args does not catch errors from ServerArgs.__post_init__, so the "
-        "interpreter printed a 25-line traceback above the one line that names the fix",
+        "interpreter printed a 25-line traceback above the one line that names the fix; and "
+        "__post_init__ resolves the device before it calls the algorithm's validation, so on "
+        "a machine without a GPU sglang's 'No accelerator' tracebacks came first",
         drop_when="sglang reports argument errors without a traceback",
         kind=BEHAVIOUR,
         code=("sglang.srt.server_args.prepare_server_args",),
@@ -195,22 +197,6 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         kind=BEHAVIOUR,
         code=(
             "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
-        ),
-    ),
-    UpstreamReliance(
-        target="the target half of EAGLEWorkerV2's prefill (behaviour)",
-        how="a deferred prefill (deferred_draft_prefill: short requests' by default, others "
-        "opt-in) calls the target worker's forward_batch_generation with CaptureHiddenMode.FULL "
-        "(NULL when it stashes nothing), sets new_seq_lens to the "
-        "committed seq_lens and publishes, as sglang's prefill does before its draft extend, "
-        "and fills next_draft_input with the plain step's zero stubs",
-        why="sglang's prefill always runs the draft extend after the target's; skipping it "
-        "means running the target half on our side",
-        drop_when="sglang lets a speculative worker skip the draft extend of a prefill",
-        kind=BEHAVIOUR,
-        code=(
-            "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
-            "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",
         ),
     ),
     UpstreamReliance(
@@ -311,6 +297,33 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         ),
     ),
     UpstreamReliance(
+        target="sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run / waiting_queue",
+        how="AFTER hook stores len(scheduler.waiting_queue) on the worker "
+        "(reporting_hooks.record_queue_length); the scheduler calls it once per loop, before "
+        "the batch it returns runs",
+        why="the policy projects the batch the queue will fill (a burst leaves speculation "
+        "before the batch grows); the worker sees only the batch it is given",
+        drop_when="sglang passes scheduling state (queue length) to the speculative worker",
+        kind=HOOK,
+        code=(
+            "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run",
+        ),
+    ),
+    UpstreamReliance(
+        target="sglang.srt.managers.schedule_batch.Req (kv_committed_len, sampling_params, "
+        "output_ids)",
+        how="read per request at each decode step (observations.observe): KV tokens of the "
+        "batch and tokens each request may still emit; requests are keys of a weak mapping "
+        "holding their speculative acceptance",
+        why="the step model's cost grows with the KV tokens read, a step yields no more than "
+        "a request still needs; Req.spec_verify_ct counts plain steps as verifies too",
+        drop_when="never (public fields of the request); re-check the names on upgrade",
+        kind=BEHAVIOUR,
+        code=(
+            "sglang.srt.managers.schedule_batch.Req.effective_kv_committed_len",
+        ),
+    ),
+    UpstreamReliance(
         target="sglang.srt.managers.scheduler.Scheduler.get_internal_state",
         how="AFTER hook adds the worker's report under 'dynamic_eagle' "
         "(reporting_hooks.add_report_to_internal_state)",
@@ -388,24 +401,6 @@ RELIANCES: Tuple[UpstreamReliance, ...] = (
         code=("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",),
     ),
     UpstreamReliance(
-        target="sglang.srt.managers.scheduler.Scheduler._maybe_namespace_elastic_radix_cache",
-        how="AFTER hook appends the short requests' namespace to the extra_key of an "
-        "EAGLE3_DYNAMIC request that asks for at most two tokens "
-        "(short_requests.namespace_short_request); the deferral then recognises such a "
-        "prefill by that key",
-        why="a prefill of such requests skips the draft, so their prefixes' draft KV is stale; "
-        "this is where sglang namespaces every new generate request's radix key before it "
-        "queues it (elastic EP does the same), and the radix cache never matches across "
-        "extra_key values, so no request that may speculate reuses that draft KV",
-        drop_when="sglang lets a speculative worker mark cached KV as target-only (or offers a "
-        "per-request cache-namespace hook)",
-        kind=HOOK,
-        code=(
-            "sglang.srt.managers.scheduler.Scheduler._maybe_namespace_elastic_radix_cache",
-            "sglang.srt.mem_cache.radix_cache.RadixKey",
-        ),
-    ),
-    UpstreamReliance(
         target="sglang.srt.plugins.hook_registry.HookRegistry (behaviour)",
         how="every hook above is registered in HOOKS and installed by install_hooks(); "
         "missing_hooks() walks each target's wrapper chain for our hook",
@@ -431,6 +426,8 @@ HOOKS: Tuple[HookSpec, ...] = (
              HookType.AFTER),
     HookSpec("sglang.srt.server_args.ServerArgs.from_cli_args", flags.around_from_cli_args,
              HookType.AROUND),
+    HookSpec("sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run",
+             reporting_hooks.record_queue_length, HookType.AFTER),
     HookSpec("sglang.srt.managers.scheduler.Scheduler.get_internal_state",
              reporting_hooks.add_report_to_internal_state, HookType.AFTER),
     HookSpec("sglang.srt.managers.scheduler_components.metrics_reporter."
@@ -440,8 +437,6 @@ HOOKS: Tuple[HookSpec, ...] = (
              request_guards.check_request_token_ids, HookType.BEFORE),
     HookSpec("sglang.srt.speculative.eagle_worker_v2._eagle_prefill_tail_tokens",
              prefill_tail_tokens.tail_tokens_without_sync, HookType.AROUND),
-    HookSpec("sglang.srt.managers.scheduler.Scheduler._maybe_namespace_elastic_radix_cache",
-             short_requests.namespace_short_request, HookType.AFTER),
 )
 
 _installed = False

@@ -1,29 +1,25 @@
 """DynamicEagleWorker: EAGLE-3 while speculation pays, plain decoding while it does not.
 
-A dispatcher. Every decode step it asks the switching policy (``policy.DecodePolicy``) for a
-mode, from the running batch size, the measured step costs and the measured acceptance (all
-identical on every tensor-parallel rank, so every rank takes the same branch and issues the
-same collectives), then runs
+A dispatcher. Every decode step it builds the policy's view of the batch (``observations``:
+KV tokens, queue, the acceptance of its requests), asks the policy (``policy``) for a mode
+(every input identical on every tensor-parallel rank, so every rank takes the same branch and
+issues the same collectives), and runs
 
 * speculative: the draft-KV catch-up for requests that decoded plainly since their last
   speculative step (``draft_catchup``), then sglang's EAGLE-3 step unchanged;
 * plain: one target DECODE forward through the plain-decode graphs (``plain_step``).
 
-After the step it hands the step's end to the cost tracker (``step_costs``), and verify results
-to the acceptance estimate. Prefill batches take EAGLE-3's path (target extend + draft
-extend), so new requests start with a correct draft context in either mode; the draft extend
-runs the draft's output projection and MLP only at each request's last position while the GPU
-is behind the host (``draft_prefill``), and ``prefill_timing`` measures both parts. A prefill of
-requests that ask for at most two tokens skips the draft in either mode (``short_requests``),
-and a decode batch of such requests alone runs plain without asking the policy. Optionally
-(``deferred_draft_prefill``), a prefill whose requests join a batch the policy expects to
-decode plainly runs the target extend alone and leaves the draft KV to the catch-up.
+After the step it hands the step's end to the timing feed (``step_costs``), which gives the
+policy the measured times a few steps later, and verify results to the acceptance records.
+Prefill batches take EAGLE-3's path (target extend + draft extend), so new requests start with
+a correct draft context in either mode; ``prefill_timing`` measures both parts.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Dict, Optional
+from collections import deque
+from typing import Deque, Dict, Optional
 
 import torch
 from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -33,23 +29,9 @@ from sglang.srt.speculative.eagle_utils import get_draft_input_from_target_hidde
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_dynamic_eagle import upstream_internals
-from sglang_dynamic_eagle.auto_policy import (AcceptanceEstimate, CostPolicy, CostPolicyConfig,
-                                             max_accepted_tokens)
-from sglang_dynamic_eagle.cost_model import (
-    CrossoverLogGate,
-    MeasuredCosts,
-    calibration_table,
-    calibration_vector,
-    crossover_batch,
-)
 from sglang_dynamic_eagle.counters import ModeCounters
-from sglang_dynamic_eagle.deferred_draft_prefill import (
-    DeferredDraftPrefill,
-    NoDeferral,
-    decode_at_most_once,
-    deferred_prefill_window,
-)
 from sglang_dynamic_eagle.draft_catchup import (
+    MAX_CATCHUP_TOKENS,
     DraftCatchup,
     batch_req_pool_indices,
     catchup_budget_bytes,
@@ -60,20 +42,32 @@ from sglang_dynamic_eagle.draft_prefill import DraftPrefillChoice, use_last_posi
 from sglang_dynamic_eagle.flags import current_flags
 from sglang_dynamic_eagle.host_syncs import HostSyncCounter, sync_check_enabled
 from sglang_dynamic_eagle.plain_decode_graphs import PlainDecodeGraphs, plain_decode_batch_sizes
+from sglang_dynamic_eagle.observations import RequestAcceptance, observe
 from sglang_dynamic_eagle.plain_step import PlainDecodeStep
 from sglang_dynamic_eagle.policy import (
     DecodeMode,
     DecodePolicy,
     ReportValue,
-    StepObservation,
     ThresholdPolicy,
     ThresholdPolicyConfig,
 )
+from sglang_dynamic_eagle.policy.throughput import (
+    ThroughputPolicy,
+    ThroughputPolicyConfig,
+    crossover_batch,
+    new_throughput_policy,
+)
 from sglang_dynamic_eagle.prefill_timing import PrefillTimer
 from sglang_dynamic_eagle.prometheus_metrics import MetricsExport
-from sglang_dynamic_eagle.short_requests import ShortPrefill, short_prefill
 from sglang_dynamic_eagle.spec_algo import speculative_graph_max_bs
-from sglang_dynamic_eagle.step_costs import DecodeCostTracker, calibrate, tp_max_reducer
+from sglang_dynamic_eagle.step_costs import (
+    TimingFeed,
+    calibrate,
+    kv_bytes_per_token,
+    memory_bandwidth_gbps,
+    tp_max_reducer,
+)
+from sglang_dynamic_eagle.trace import StepTrace
 
 logger = logging.getLogger(__name__)
 
@@ -85,22 +79,24 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         upstream_internals.check_hooks_in_effect()
         super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
         self.counters = ModeCounters()
-        self.acceptance = AcceptanceEstimate()
+        self.request_acceptance = RequestAcceptance()
         self.metrics_export = MetricsExport()  # used with --enable-metrics
         self.prefill_timer = PrefillTimer()
         self.host_syncs = HostSyncCounter(sync_check_enabled())
+        self.queued = 0  # requests waiting to be admitted; set by the scheduler hook
         draft_tp_size = getattr(self._draft_worker.draft_runner.tp_group, "world_size", 1)
         self._draft_prefill_choice = DraftPrefillChoice(follows_gpu=draft_tp_size == 1)
         self._last_position_draft_mlp = use_last_position_mlp(
             self._draft_worker.draft_runner.model, self._draft_prefill_choice)
         self._flags = current_flags()
+        self._trace = StepTrace.from_environment()
         self._policy: Optional[DecodePolicy] = None
         self._plain_graphs: Optional[PlainDecodeGraphs] = None
         self._plain_step: Optional[PlainDecodeStep] = None
         self._catchup: Optional[DraftCatchup] = None
-        self._deferral: NoDeferral = NoDeferral()
-        self._costs: Optional[DecodeCostTracker] = None
-        self._crossover_log = CrossoverLogGate()
+        self._timings: Optional[TimingFeed] = None
+        self._decode_step = 0
+        self._pending_catchup_tokens: Deque[int] = deque()
         self._last_step_plain = False
 
     # -- start-up -------------------------------------------------------
@@ -121,33 +117,25 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             self._plain_graphs,
             self._catchup,
         )
-        window, short = deferred_prefill_window(), short_prefill()
-        if window or short is not ShortPrefill.WITH_DRAFT:
-            self._deferral = DeferredDraftPrefill(
-                self._target_worker, self._catchup, self._plain_step, window, short
-            )
         max_speculative_batch = self._speculative_graph_max_bs()
-        self._costs = self._new_cost_tracker(max_speculative_batch)
         self._policy = self._new_policy(max_speculative_batch)
+        self._timings = TimingFeed(tp_max_reducer(target_runner.tp_group), self._on_step_time)
         logger.info(
             "EAGLE3_DYNAMIC: %s; speculative graphs up to batch %d, plain-decode graphs up "
             "to batch %d; catch-up ring of %d entries (%.0f MiB, at most %d positions per "
-            "request); calibrated step costs "
-            "(ms) plain %s, speculative %s.",
+            "request).",
             self._policy_summary(),
             max_speculative_batch,
             self._plain_graphs.max_bs,
             self._catchup.ring_size,
             self._catchup.stash_bytes / 2**20,
             self._catchup.max_window,
-            self._costs.table.plain.as_dict(),
-            self._costs.table.speculative.as_dict(),
         )
 
     def _policy_summary(self) -> str:
         report = self._policy.report()
-        if report["policy"] == "auto":
-            return f"automatic switching (patience {report['switch_patience']} steps)"
+        if report["policy"] == "throughput":
+            return "automatic switching (predicted tokens per second of each mode)"
         return (
             f"fixed thresholds (disable above {report['disable_batch_threshold']}, re-enable "
             f"at <= {report['enable_batch_threshold']}, patience {report['switch_patience']})"
@@ -192,55 +180,69 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             device=target_runner.device,
         )
 
-    def _new_cost_tracker(self, max_speculative_batch: int) -> DecodeCostTracker:
-        """Costs per CUDA-graph bucket; without graphs (eager steps), per the sizes sglang
-        would have captured, so that eager steps are timed in the same buckets."""
-        plain_runner = self._plain_graphs.graph_runner
-        speculative_runners = self._speculative_graph_runners()
-        speculative_sizes = (
-            speculative_runners[0].capture_bs
-            if speculative_runners
-            else self.server_args.cuda_graph_config.decode.bs
-        )
-        buckets = {
-            DecodeMode.PLAIN: list(
-                plain_runner.capture_bs
-                if plain_runner is not None
-                else plain_decode_batch_sizes(self.server_args)
-            ),
-            DecodeMode.SPECULATIVE: [bs for bs in speculative_sizes if bs <= max_speculative_batch],
-        }
-        reduce_max = tp_max_reducer(self._target_worker.model_runner.tp_group)
-        calibration = calibrate(
-            {
-                DecodeMode.PLAIN: [plain_runner] if plain_runner is not None else [],
-                DecodeMode.SPECULATIVE: speculative_runners,
-            },
-            buckets,
-        )
-        calibration = calibration_table(
-            buckets, reduce_max(calibration_vector(buckets, calibration))
-        )
-        return DecodeCostTracker(MeasuredCosts(buckets, calibration), reduce_max)
-
     def _new_policy(self, max_speculative_batch: int) -> DecodePolicy:
         flags = self._flags
-        if flags.automatic:
-            return CostPolicy(
-                CostPolicyConfig(
-                    switch_patience=flags.switch_patience,
-                    max_speculative_batch=max_speculative_batch,
-                    max_acceptance=float(max_accepted_tokens(self.speculative_num_steps,
-                                                             self.speculative_num_draft_tokens)),
-                )
-            )
-        return ThresholdPolicy(
-            ThresholdPolicyConfig(
+        if not flags.automatic:
+            return ThresholdPolicy(ThresholdPolicyConfig(
                 disable_batch_threshold=flags.disable_batch_threshold,
                 enable_batch_threshold=flags.enable_batch_threshold,
                 switch_patience=flags.switch_patience,
                 max_speculative_batch=max_speculative_batch,
-            )
+            ))
+        target_runner = self._target_worker.model_runner
+        draft_runner = self._draft_worker.draft_runner
+        plain_runner = self._plain_graphs.graph_runner
+        speculative_runners = self._speculative_graph_runners()
+        speculative_sizes = (speculative_runners[0].capture_bs if speculative_runners
+                             else self.server_args.cuda_graph_config.decode.bs)
+        buckets = {
+            DecodeMode.PLAIN: list(plain_runner.capture_bs if plain_runner is not None
+                                   else plain_decode_batch_sizes(self.server_args)),
+            DecodeMode.SPECULATIVE: [bs for bs in speculative_sizes if bs <= max_speculative_batch],
+        }
+        reduce_max = tp_max_reducer(target_runner.tp_group)
+        calibration = calibrate(
+            {DecodeMode.PLAIN: [plain_runner] if plain_runner is not None else [],
+             DecodeMode.SPECULATIVE: speculative_runners},
+            buckets,
+        )
+        # Identical priors on every rank: the slowest rank's replays and bandwidth.
+        keys = [(m, b) for m in (DecodeMode.PLAIN, DecodeMode.SPECULATIVE) for b in buckets[m]]
+        bandwidth = memory_bandwidth_gbps(target_runner.device)
+        reduced = reduce_max([calibration.get(m, {}).get(b, 0.0) for m, b in keys]
+                             + [-bandwidth])
+        calibration = {m: {} for m in (DecodeMode.PLAIN, DecodeMode.SPECULATIVE)}
+        for (mode, bucket), ms in zip(keys, reduced):
+            if ms > 0:
+                calibration[mode][bucket] = ms
+        bytes_per_ms = -reduced[-1] * 1e6
+        target_bytes = kv_bytes_per_token(target_runner)
+        draft_bytes = kv_bytes_per_token(draft_runner)
+        # A plain step reads the target's KV once; a speculative step once for the verify and
+        # the draft's once per draft step and once for its extend.
+        per_kv_token_ms = {
+            DecodeMode.PLAIN: target_bytes / bytes_per_ms,
+            DecodeMode.SPECULATIVE:
+                (target_bytes + (self.speculative_num_steps + 1) * draft_bytes) / bytes_per_ms,
+        }
+        spec_one = calibration[DecodeMode.SPECULATIVE].get(min(buckets[DecodeMode.SPECULATIVE]), 0.0)
+        config = ThroughputPolicyConfig(
+            max_speculative_batch=max_speculative_batch,
+            max_running_requests=max(1, int(getattr(target_runner, "max_running_requests", 0)
+                                             or self.server_args.max_running_requests or 1)),
+            kv_capacity_tokens=max(1, int(target_runner.max_total_num_tokens)),
+            catchup_window=self._catchup.max_window,
+            catchup_max_tokens=MAX_CATCHUP_TOKENS,
+        )
+        logger.info("EAGLE3_DYNAMIC: step model priors: calibrated step ms plain %s, speculative "
+                    "%s; KV bytes per token %d (target) / %d (draft) at %.0f GB/s.",
+                    calibration[DecodeMode.PLAIN], calibration[DecodeMode.SPECULATIVE],
+                    target_bytes, draft_bytes, bytes_per_ms / 1e6)
+        return new_throughput_policy(
+            config, buckets, calibration, per_kv_token_ms,
+            catchup_prior_fixed_ms=spec_one,
+            max_acceptance=float(min(self.speculative_num_steps + 1,
+                                     self.speculative_num_draft_tokens)),
         )
 
     # -- scheduler-facing overrides ---------------------------------------
@@ -264,9 +266,10 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self, num_correct_drafts_per_req: list[int], batch_size: int = 0
     ) -> None:
         if self.counters.record_result(num_correct_drafts_per_req) is DecodeMode.SPECULATIVE:
-            decode_steps = self.counters.speculative_steps + self.counters.plain_steps
-            self.acceptance.add_step(self._deferral.drafted(num_correct_drafts_per_req),
-                                     decode_steps)
+            self.request_acceptance.verified(num_correct_drafts_per_req)
+            if isinstance(self._policy, ThroughputPolicy):
+                self._policy.add_verify(num_correct_drafts_per_req)
+            self._trace.verify(self.counters.verified_step, num_correct_drafts_per_req)
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
 
     def forward_batch_generation(
@@ -275,7 +278,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         is_extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
         if is_extend or batch.forward_mode.is_idle():
             self._last_step_plain = False
-            self._costs.interrupt()
+            self._timings.interrupt()
         if is_extend:
             self._catchup.forget(batch_req_pool_indices(batch))
             with self.host_syncs.watch("prefill"):
@@ -283,23 +286,22 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         if batch.forward_mode.is_idle():
             return super().forward_batch_generation(batch, on_publish, grammar_barrier)
 
-        batch_size = batch.batch_size()
-        self._deferral.decoded(batch)
-        # Speculation cannot shorten requests that all finish in this step (scoring and
-        # classification loads ask for one or two tokens): plain, without asking the policy.
-        finishing = decode_at_most_once(batch)
-        mode = DecodeMode.PLAIN if finishing else self._decide(batch_size)
+        self._decode_step += 1
+        observation = observe(batch, self.queued, self.request_acceptance, self._decode_step)
+        mode = self._decide(observation)
         with self.host_syncs.watch(mode.value):
             if mode is DecodeMode.PLAIN:
                 result = self._plain_step.run(batch, on_publish)
             else:
                 self._catch_up(batch)
+                self.request_acceptance.launched(batch.reqs)
                 result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
         self._last_step_plain = mode is DecodeMode.PLAIN
-        self.counters.record_step(mode, batch_size, ran_graph=bool(result.can_run_cuda_graph))
-        if mode is DecodeMode.SPECULATIVE:
-            self._deferral.speculative_step(batch)
-        self._measure(mode, batch_size, refresh=not finishing and self._policy.wants_fresh_costs())
+        batch_size = observation.batch_size
+        self.counters.record_step(mode, batch_size, ran_graph=bool(result.can_run_cuda_graph),
+                                  step=self._decode_step)
+        self._harvest_catchup_timings()
+        self._timings.step_done(self._decode_step, mode, batch_size, observation.kv_tokens)
         return result
 
     def _prefill(
@@ -309,98 +311,74 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         target extend and the draft extend (in non-overlap mode too, when given a callback)."""
         self.prefill_timer.harvest()  # keeps the pending events few without a report reading them
         events = self.prefill_timer.start(batch.extend_num_tokens or 0)
-        window = self._deferral.window_for(batch, self._expects_plain)
 
         def publish(new_seq_lens) -> None:
             self.prefill_timer.target_done(events)
-            if window is None:  # the draft's prefill follows
-                self._draft_prefill_choice.mark_target_end(events.target_end)
+            self._draft_prefill_choice.mark_target_end(events.target_end)
             if on_publish is not None:
                 on_publish(new_seq_lens)
 
-        if window is None:
-            result = super().forward_batch_generation(batch, publish, grammar_barrier)
-            self._draft_prefill_choice.clear()
-        else:
-            result = self._deferral.run(batch, publish, window)
+        result = super().forward_batch_generation(batch, publish, grammar_barrier)
+        self._draft_prefill_choice.clear()
         self.prefill_timer.stop(events)
         return result
 
-    def _expects_plain(self, batch_size: int) -> bool:
-        return self._policy.expects_plain(
-            StepObservation(batch_size, self._costs.table, self.acceptance.value))
-
     # -- decode steps ----------------------------------------------------
 
-    def _decide(self, batch_size: int) -> DecodeMode:
+    def _decide(self, observation) -> DecodeMode:
         previous = self._policy.mode
-        observation = StepObservation(batch_size, self._costs.table, self.acceptance.value)
         mode = self._policy.decide(observation)
         if mode is not previous:
             self.counters.record_switch(mode)
-            logger.info("EAGLE3_DYNAMIC: %s mode at batch %d.", mode.value, batch_size)
+            logger.info("EAGLE3_DYNAMIC: %s mode at batch %d (queue %d).", mode.value,
+                        observation.batch_size, observation.queued)
+        self._trace.step(observation, mode)
         return mode
+
+    def _on_step_time(self, step: int, mode: DecodeMode, batch_size: int, kv_tokens: int,
+                      ms: float) -> None:
+        if isinstance(self._policy, ThroughputPolicy):
+            self._policy.add_step_time(step, mode, batch_size, kv_tokens, ms)
+        self._trace.time(step, ms)
 
     def _catch_up(self, batch: ScheduleBatch) -> None:
         plan = self._catchup.catch_up(self._draft_worker, batch, self.plan_stream)
         if plan is not None:
-            self._costs.interrupt()
+            self._timings.interrupt()
+            self._pending_catchup_tokens.append(plan.num_tokens)
             self.counters.record_catchup(plan.num_tokens, plan.truncated_tokens)
 
     def _harvest_catchup_timings(self) -> None:
-        """Feed the cost tracker the catch-ups whose GPU timing has completed (no waiting)."""
+        """Feed the policy the catch-ups whose GPU timing has completed (no waiting)."""
         for catchup_ms in self._catchup.gpu_time.finished():
-            self._costs.add_catchup(catchup_ms)
-
-    def _measure(self, mode: DecodeMode, batch_size: int, refresh: bool) -> None:
-        """``refresh``: the policy asked for fresh costs at the step it decided (only its next
-        decision clears the ask)."""
-        self._harvest_catchup_timings()
-        if self._costs.step_done(mode, batch_size, refresh=refresh):
-            self._log_crossover_change()
-
-    def _log_crossover_change(self) -> None:
-        crossover = self.crossover_batch()
-        if self._crossover_log.should_log(crossover):
-            logger.info(
-                "EAGLE3_DYNAMIC: speculation pays up to batch %d (acceptance %s, step costs "
-                "in ms: plain %s, speculative %s).",
-                crossover,
-                _rounded(self.acceptance.value),
-                self._costs.table.plain.as_dict(),
-                self._costs.table.speculative.as_dict(),
-            )
+            tokens = self._pending_catchup_tokens.popleft() if self._pending_catchup_tokens else 0
+            if isinstance(self._policy, ThroughputPolicy):
+                self._policy.add_catchup(tokens, catchup_ms)
+            self._trace.catchup(tokens, catchup_ms)
 
     # -- reporting -------------------------------------------------------
 
     @property
     def mode(self) -> DecodeMode:
         """The policy's mode: that of the latest decode step it decided (speculative before
-        the first one); a batch whose requests all finish in their step runs plain without it."""
+        the first one)."""
         return self._policy.mode
 
     def crossover_batch(self) -> int:
-        """Largest batch at which speculation pays at the current acceptance estimate."""
-        acceptance = self.acceptance.value
-        if acceptance is None:
+        """Largest batch at which speculation is predicted to pay (short contexts)."""
+        if not isinstance(self._policy, ThroughputPolicy):
             return 0
-        return crossover_batch(self._costs.table, acceptance)
+        return crossover_batch(self._policy)
 
     def report(self) -> Dict[str, ReportValue]:
-        """Counters, policy state, cost table and static facts, for /server_info."""
+        """Counters, policy state and static facts, for /server_info."""
         self._harvest_catchup_timings()
-        table = self._costs.table
         return {
             **self.counters.snapshot(),
             **self._policy.report(),
+            "queued": self.queued,
             "catchup_gpu_ms": round(self._catchup.gpu_time.total_ms, 3),
-            "acceptance_estimate": _rounded(self.acceptance.value),
             "crossover_batch": self.crossover_batch(),
-            "plain_step_ms": table.plain.as_dict(),
-            "speculative_step_ms": table.speculative.as_dict(),
-            "plain_buckets_measured": table.plain.measured_buckets(),
-            "speculative_buckets_measured": table.speculative.measured_buckets(),
-            "catchup_ms": round(table.catchup_ms, 3),
             "max_plain_graph_batch": self._plain_graphs.max_bs,
             "plain_graph_capture_s": round(self._plain_graphs.capture_seconds, 2),
             "plain_graph_memory_gib": round(self._plain_graphs.capture_gib, 3),
@@ -410,11 +388,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             "draft_prefill": "last-position" if self._last_position_draft_mlp else "full",
             "draft_prefill_full_layer_gpu_caught_up": self._draft_prefill_choice.caught_up,
             "draft_prefill_last_position_gpu_behind": self._draft_prefill_choice.behind,
+            "acceptance_mismatched_results": self.request_acceptance.mismatched,
             **self.prefill_timer.report(),
-            **self._deferral.report(),
             **({"host_syncs": self.host_syncs.report()} if self.host_syncs.enabled else {}),
         }
-
-
-def _rounded(value: Optional[float]) -> float:
-    return round(value, 4) if value is not None else 0.0

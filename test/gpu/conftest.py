@@ -8,12 +8,10 @@ from typing import Iterator, List
 
 import pytest
 
-from sglang_dynamic_eagle.deferred_draft_prefill import DEFER_ENV
 from sglang_dynamic_eagle.draft_catchup import CATCHUP_WINDOW_ENV
 
 from gpu_servers import (
-    KIT_MODELS,
-    DEFERRED_PREFILL_WINDOW,
+    MODEL_FOLDERS,
     FIXED_THRESHOLD_FLAGS,
     TINY_PAIR,
     TINY_MEMORY_ARGS,
@@ -26,11 +24,11 @@ from gpu_servers import (
 
 
 @pytest.fixture(scope="session")
-def kit_models() -> Path:
-    if KIT_MODELS is None or not (KIT_MODELS / "llama8b" / "config.json").exists():
-        pytest.fail(f"8B-shaped model folders not found at {KIT_MODELS}: set SGLANG_DE_MODELS to "
+def model_folders() -> Path:
+    if MODEL_FOLDERS is None or not (MODEL_FOLDERS / "llama8b" / "config.json").exists():
+        pytest.fail(f"8B-shaped model folders not found at {MODEL_FOLDERS}: set SGLANG_DE_MODELS to "
                     "a folder holding llama8b/ and eagle3-llama8b/")
-    return KIT_MODELS
+    return MODEL_FOLDERS
 
 
 @pytest.fixture(scope="session")
@@ -65,17 +63,10 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
         # Negative control of the catch-up test: it catches up one position per request.
         "tiny_dynamic_window1": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                           *FIXED_THRESHOLD_FLAGS],
-        "tiny_dynamic_deferred": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
-                                           *FIXED_THRESHOLD_FLAGS],
-        # Negative control of the deferred-prefill test: one prompt position caught up.
-        "tiny_dynamic_deferred_w1": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC",
-                                              *draft, *FIXED_THRESHOLD_FLAGS],
     }
     env = tiny_pair_server_env()
     server_envs = {
         "tiny_dynamic_window1": {CATCHUP_WINDOW_ENV: "1"},
-        "tiny_dynamic_deferred": {DEFER_ENV: str(DEFERRED_PREFILL_WINDOW)},
-        "tiny_dynamic_deferred_w1": {DEFER_ENV: "1"},
     }
     servers = LazyServers(specs, env=env, server_envs=server_envs)
     try:

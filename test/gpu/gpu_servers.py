@@ -1,8 +1,8 @@
 """Shared helpers for GPU tests: start sglang servers, talk to them over HTTP.
 
 These tests need a CUDA GPU and sglang 0.5.17 with this package installed
-(``bash test/gpu/run_on_device.sh`` sets that up on the project's GPU machine).
-The 8B-shaped model folders come from ``SGLANG_DE_MODELS``, else ``$KIT_DIR/models``.
+(``bash test/gpu/run.sh`` sets that up from an offline sglang install).
+The 8B-shaped model folders come from ``SGLANG_DE_MODELS``, else ``$SGLANG_OFFLINE_ENV/models``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ sys.path.insert(0, str(REPO_ROOT / "benchmark"))
 from sweeplib import server as lifecycle  # noqa: E402  (the benchmark's server lifecycle)
 
 _MODELS_FOLDER = os.environ.get("SGLANG_DE_MODELS") or (
-    os.path.join(os.environ["KIT_DIR"], "models") if os.environ.get("KIT_DIR") else None)
-KIT_MODELS: Optional[Path] = Path(_MODELS_FOLDER) if _MODELS_FOLDER else None
+    os.path.join(os.environ["SGLANG_OFFLINE_ENV"], "models")
+    if os.environ.get("SGLANG_OFFLINE_ENV") else None)
+MODEL_FOLDERS: Optional[Path] = Path(_MODELS_FOLDER) if _MODELS_FOLDER else None
 TINY_PAIR = REPO_ROOT / "models" / "tiny-pair"
 TINY_PAIR_DTYPE = os.environ.get("TINY_PAIR_DTYPE", "float32")
 # EAGLE3_DYNAMIC fixed thresholds for the switching tests: small enough that a handful of
@@ -44,7 +45,7 @@ FIXED_THRESHOLD_FLAGS = [
     "--speculative-enable-batch-threshold", "2",
     "--speculative-switch-patience", "2",
 ]
-# Server logs (server_<name>.log) go here; run_on_device.sh points it at its output folder.
+# Server logs (server_<name>.log) go here; run.sh points it at its output folder.
 LOG_DIR = Path(os.environ.get("SGLANG_DE_LOG_DIR", "/tmp"))
 # test/gpu/native_ops_plugin: float32 servers need it (sglang's CUDA rmsnorm takes no float32).
 NATIVE_OPS_ENV = "SGLANG_DE_TEST_NATIVE_OPS"
@@ -56,10 +57,6 @@ DUMMY_WEIGHTS_ENV = "SGLANG_DE_TEST_DUMMY_WEIGHT_STD"
 DUMMY_WEIGHTS_PLUGIN = "dynamic_eagle_test_dummy_weights"
 DUMMY_WEIGHT_STD = "0.02"
 START_TIMEOUT_S = 420
-# Prompt positions per request a deferred prefill (the tiny server "tiny_dynamic_deferred")
-# leaves to the catch-up: more than any tiny-pair eval prompt's tokens (at most 100), so the
-# catch-up rebuilds every prompt position it skipped.
-DEFERRED_PREFILL_WINDOW = 128
 
 # Each tiny server holds a KV pool of this many tokens (the capacity test's 128 requests of at
 # most 500 positions need 64 000) and leaves the rest of the GPU to the others, so that the
@@ -280,11 +277,11 @@ def tiny_pair_args(pair: Path = TINY_PAIR) -> Tuple[List[str], List[str]]:
     return target, eagle3_args(pair / "draft", dummy=False)
 
 
-def dummy8b_args(kit_models: Path) -> Tuple[List[str], List[str]]:
+def dummy8b_args(model_folders: Path) -> Tuple[List[str], List[str]]:
     """Server arguments of the 8B-shaped dummy target, and of the dummy EAGLE-3 draft for it."""
-    target = ["--model-path", str(kit_models / "llama8b"), "--load-format", "dummy",
+    target = ["--model-path", str(model_folders / "llama8b"), "--load-format", "dummy",
               *COMMON_SERVER_ARGS]
-    return target, eagle3_args(kit_models / "eagle3-llama8b", dummy=True)
+    return target, eagle3_args(model_folders / "eagle3-llama8b", dummy=True)
 
 
 def dummy_weights_env() -> Dict[str, str]:
@@ -304,7 +301,7 @@ def tiny_pair_server_env() -> Dict[str, str]:
 
     Triton's tl.dot rounds float32 inputs to TF32 by default, and the attention kernels of a
     verify step (extend) and of a plain decode step differ: exact float32 makes both agree.
-    Serving float32 at all needs the test-only native-ops plugin (installed by run_on_device.sh).
+    Serving float32 at all needs the test-only native-ops plugin (installed by run.sh).
     """
     env = {"TRITON_F32_DEFAULT": "ieee"}
     if TINY_PAIR_DTYPE == "float32":

@@ -1,0 +1,73 @@
+"""What the worker tells the policy about a decode batch: its KV tokens, the queue behind it,
+and the acceptance record of its requests. Host-side reads of the scheduler's own objects; no
+GPU work.
+
+sglang counts every decode result as a verify of each request (``Req.spec_verify_ct``), plain
+steps included, so the per-request record is kept here, from speculative results only: each
+speculative step's requests are queued at launch and matched with their verify result, which
+the scheduler processes in launch order (``counters.ModeCounters`` attributes results the same
+way). The record lives in a weak mapping keyed by the request object and goes with it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from typing import Deque, List, Sequence, Tuple
+
+from sglang_dynamic_eagle.policy import StepObservation
+
+
+class RequestAcceptance:
+    """Per-request (verifies, tokens yielded incl. bonus) of speculative steps."""
+
+    def __init__(self) -> None:
+        self._record: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._launched: Deque[List] = deque()
+        self.mismatched = 0
+
+    def launched(self, reqs: Sequence) -> None:
+        """A speculative step over ``reqs`` was launched."""
+        self._launched.append(list(reqs))
+
+    def verified(self, correct_drafts_per_req: Sequence[int]) -> None:
+        """The oldest launched speculative step's verify result."""
+        if not self._launched:
+            self.mismatched += 1
+            return
+        reqs = self._launched.popleft()
+        if len(reqs) != len(correct_drafts_per_req):
+            self.mismatched += 1
+            return
+        for req, drafts in zip(reqs, correct_drafts_per_req):
+            verifies, tokens = self._record.get(req, (0, 0))
+            self._record[req] = (verifies + 1, tokens + drafts + 1)
+
+    def of(self, reqs: Sequence) -> Tuple[List[int], List[int]]:
+        get = self._record.get
+        pairs = [get(req, (0, 0)) for req in reqs]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def remaining_tokens(req) -> int:
+    """Tokens ``req`` may still emit (a large number when it sets no limit)."""
+    limit = req.sampling_params.max_new_tokens
+    if limit is None:
+        return 1 << 30
+    return max(1, limit - len(req.output_ids))
+
+
+def observe(batch, queued: int, acceptance: RequestAcceptance, step: int) -> StepObservation:
+    """The policy's view of a decode ``batch`` (``kv_committed_len`` lags the device by at most
+    one verify: a few tokens per request)."""
+    reqs = batch.reqs
+    verifies, accepted = acceptance.of(reqs)
+    return StepObservation(
+        batch_size=len(reqs),
+        kv_tokens=sum(req.kv_committed_len for req in reqs),
+        queued=queued,
+        verifies=verifies,
+        accepted=accepted,
+        remaining=[remaining_tokens(req) for req in reqs],
+        step=step,
+    )

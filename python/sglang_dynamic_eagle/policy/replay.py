@@ -1,0 +1,294 @@
+"""Replaying decode-step traces against a policy and against the oracle (pure, CPU).
+
+A trace is the sequence of decode steps a server ran: batch size, KV tokens, queue, the mode
+that ran, its measured time and (speculative steps) the tokens its verify yielded. The
+server writes one with ``SGLANG_DYNAMIC_EAGLE_TRACE=<file>`` (JSON lines, see
+``engine.trace``). A :class:`World` turns it into both modes' cost of every step: a least-squares
+fit over the whole trace of each mode's timed steps (a base per CUDA-graph bucket, a cost per
+request and per KV token; stalls left out), the same for the mode that ran and the one that
+did not, so that neither pays the other's noise; speculative tokens where a verify ran, elsewhere the nearest verify's
+acceptance per request. The batch sequence is taken as given (a replayed policy does not
+change which requests arrive when: an approximation that holds while modes change the
+sequence little, and is the same for the policy and the oracle).
+
+:func:`simulate` runs a policy over a world (step times reach it ``feedback_lag`` steps late,
+as on a server). Each trace step stands for its batch's demand of one token per request: a
+plain step serves it in its step time, a speculative step in its step time times batch /
+tokens yielded (fewer steps are needed when each yields more), plus catch-ups. So the replay
+measures the time to serve the trace's tokens, which a policy shortens by picking the mode
+with more tokens per second. :func:`oracle_rate` finds the least such time knowing every
+cost (dynamic programming over mode and plain-run length). Regret = 1 - policy rate / oracle
+rate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from sglang_dynamic_eagle.policy.types import DecodeMode, StepObservation
+
+FEEDBACK_LAG_STEPS = 16  # the worker all-reduces timings of steps [s - 16, s - 8) at step s
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    batch: int
+    kv_tokens: int
+    queued: int
+    mode: DecodeMode  # the mode that ran
+    ms: Optional[float] = None  # measured time of the step (None: not timed)
+    spec_tokens: Optional[float] = None  # tokens a verify yielded (speculative steps)
+
+
+def load_trace(path: Path) -> List[TraceStep]:
+    """A server's trace file: ``step`` lines, ``time`` and ``verify`` lines joined by step."""
+    steps: Dict[int, dict] = {}
+    times: Dict[int, float] = {}
+    tokens: Dict[int, float] = {}
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        kind = rec.get("k")
+        if kind == "step":
+            steps[rec["step"]] = rec
+        elif kind == "time":
+            times[rec["step"]] = rec["ms"]
+        elif kind == "verify":
+            tokens[rec["step"]] = rec["tokens"]
+    return [
+        TraceStep(batch=r["b"], kv_tokens=r["kv"], queued=r.get("q", 0),
+                  mode=DecodeMode(r["mode"]), ms=times.get(n), spec_tokens=tokens.get(n))
+        for n, r in sorted(steps.items())
+    ]
+
+
+def _fit(points: Sequence[Tuple[int, int, float, float]]) -> Tuple[Dict[int, float], float, float]:
+    """Least squares of ms = base[bucket] + per_request * b + per_kv * K over (bucket, b, K,
+    ms) points: returns (base per bucket, per_request, per_kv)."""
+    buckets = sorted({p[0] for p in points})
+    column = {bucket: i for i, bucket in enumerate(buckets)}
+    x = np.zeros((len(points), len(buckets) + 2))
+    y = np.array([p[3] for p in points])
+    for row, (bucket, batch, kv, _) in enumerate(points):
+        x[row, column[bucket]] = 1.0
+        x[row, -2], x[row, -1] = batch, kv
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    return {bucket: float(coef[i]) for bucket, i in column.items()}, float(coef[-2]), float(coef[-1])
+
+
+def _robust_fit(points, min_samples: int = 4, stall_factor: float = 4.0):
+    """:func:`_fit` without stalls (steps over ``stall_factor`` times the first fit: JIT
+    compiles, host hiccups, which would have hit either mode) and without buckets timed fewer
+    than ``min_samples`` times."""
+    base, per_request, per_kv = _fit(points)
+    kept = [p for p in points if p[3] <= stall_factor * (base[p[0]] + per_request * p[1]
+                                                          + per_kv * p[2])]
+    counts: Dict[int, int] = {}
+    for p in kept:
+        counts[p[0]] = counts.get(p[0], 0) + 1
+    kept = [p for p in kept if counts[p[0]] >= min_samples] or kept
+    return _fit(kept)
+
+
+def _bucket(buckets: Sequence[int], batch: int) -> int:
+    """The smallest bucket holding ``batch``; above the largest, the batch itself (an eager
+    step without a graph)."""
+    for b in buckets:
+        if b >= batch:
+            return b
+    return batch
+
+
+@dataclass
+class World:
+    """Both modes' cost and yield at every step, and the catch-up cost."""
+
+    batch: np.ndarray
+    kv_tokens: np.ndarray
+    queued: np.ndarray
+    plain_ms: np.ndarray
+    spec_ms: np.ndarray  # inf where speculation cannot run (above the speculative graphs)
+    spec_tokens: np.ndarray
+    catchup_fixed_ms: float
+    catchup_per_token_ms: float
+
+    def serve_ms(self, i: int) -> float:
+        """Time speculation takes to serve step ``i``'s demand (one token per request): its
+        step time over the tokens it yields per request (inf above the speculative graphs)."""
+        if not np.isfinite(self.spec_ms[i]) or self.spec_tokens[i] <= 0:
+            return np.inf
+        return float(self.spec_ms[i] * self.batch[i] / self.spec_tokens[i])
+
+    def catchup_ms(self, tokens: int) -> float:
+        return self.catchup_fixed_ms + self.catchup_per_token_ms * tokens if tokens > 0 else 0.0
+
+    @classmethod
+    def from_trace(cls, steps: Sequence[TraceStep], buckets: Sequence[int],
+                   max_speculative_batch: int, catchup_per_token_ms: float,
+                   catchup_fixed_ms: float = 0.0) -> "World":
+        buckets = sorted(buckets)
+        fits = {}
+        for mode in (DecodeMode.PLAIN, DecodeMode.SPECULATIVE):
+            points = [(_bucket(buckets, s.batch), s.batch, s.kv_tokens, s.ms) for s in steps
+                      if s.mode is mode and s.ms]
+            if not points:
+                raise ValueError(f"the trace has no timed {mode.value} step")
+            fits[mode] = _robust_fit(points)
+
+        def cost(mode: DecodeMode, s: TraceStep) -> float:
+            base, per_request, per_kv = fits[mode]
+            bucket = _bucket(buckets, s.batch)
+            # An unmeasured bucket: the nearest measured one's base (the per-request term
+            # carries the batch's growth).
+            nearest = min(base, key=lambda b: (abs(b - bucket), -b))
+            return base[nearest] + per_request * s.batch + per_kv * s.kv_tokens
+
+        per_request = _acceptance_per_request(steps)
+        return cls(
+            batch=np.array([s.batch for s in steps]),
+            kv_tokens=np.array([s.kv_tokens for s in steps]),
+            queued=np.array([s.queued for s in steps]),
+            plain_ms=np.array([cost(DecodeMode.PLAIN, s) for s in steps]),
+            spec_ms=np.array([cost(DecodeMode.SPECULATIVE, s)
+                              if s.batch <= max_speculative_batch else np.inf for s in steps]),
+            spec_tokens=np.array([s.spec_tokens if s.spec_tokens else a * s.batch
+                                  for s, a in zip(steps, per_request)]),
+            catchup_fixed_ms=catchup_fixed_ms,
+            catchup_per_token_ms=catchup_per_token_ms,
+        )
+
+
+def _acceptance_per_request(steps: Sequence[TraceStep]) -> List[float]:
+    """Per step, the tokens per request of the nearest verified step (earlier on ties)."""
+    verified = [(i, s.spec_tokens / s.batch) for i, s in enumerate(steps)
+                if s.spec_tokens and s.batch]
+    if not verified:
+        return [1.0] * len(steps)
+    index = np.array([i for i, _ in verified])
+    value = [a for _, a in verified]
+    out = []
+    for i in range(len(steps)):
+        j = int(np.searchsorted(index, i))
+        candidates = [k for k in (j - 1, j) if 0 <= k < len(index)]
+        out.append(value[min(candidates, key=lambda k: abs(index[k] - i))])
+    return out
+
+
+@dataclass
+class ReplayResult:
+    tokens: float
+    ms: float
+    speculative_steps: int
+    switches: int
+
+    @property
+    def rate(self) -> float:
+        """Output tokens per second."""
+        return 1000.0 * self.tokens / self.ms if self.ms else 0.0
+
+
+def simulate(policy, world: World, catchup_window: int, catchup_max_tokens: int = 8192,
+             feedback_lag: int = FEEDBACK_LAG_STEPS) -> ReplayResult:
+    """Run ``policy`` (a ``DecodePolicy``; fed back step times, verifies and catch-ups where
+    it takes them) over ``world``."""
+    tokens = ms = 0.0
+    plain_run = spec_steps = switches = 0
+    previous: Optional[DecodeMode] = None
+    pending: List[Tuple[int, int, DecodeMode, int, int, float]] = []
+    for i in range(len(world.batch)):
+        b, kv = int(world.batch[i]), int(world.kv_tokens[i])
+        obs = StepObservation(batch_size=b, kv_tokens=kv, queued=int(world.queued[i]))
+        mode = policy.decide(obs)
+        if mode is DecodeMode.SPECULATIVE and not np.isfinite(world.spec_ms[i]):
+            raise AssertionError(f"step {i}: speculation above the speculative graphs")
+        switches += int(previous is not None and mode is not previous)
+        previous = mode
+        if mode is DecodeMode.SPECULATIVE:
+            catchup = world.catchup_ms(min(b * min(plain_run, catchup_window), catchup_max_tokens))
+            step_ms, step_tokens = world.spec_ms[i], world.spec_tokens[i]
+            served_ms = world.serve_ms(i)
+            if catchup and hasattr(policy, "add_catchup"):
+                policy.add_catchup(min(b * min(plain_run, catchup_window), catchup_max_tokens),
+                                   catchup)
+            ms += catchup
+            plain_run = 0
+            spec_steps += 1
+            if hasattr(policy, "add_verify"):
+                policy.add_verify(_drafts_per_request(step_tokens, b))
+        else:
+            step_ms, step_tokens = world.plain_ms[i], float(b)
+            served_ms = step_ms
+            plain_run += 1
+        ms += float(served_ms)
+        tokens += float(b)
+        step_index = getattr(policy, "step", i + 1)
+        pending.append((i, step_index, mode, b, kv, float(step_ms)))
+        while pending and pending[0][0] <= i - feedback_lag:
+            _, index, m, pb, pkv, pms = pending.pop(0)
+            if hasattr(policy, "add_step_time"):
+                policy.add_step_time(index, m, pb, pkv, pms)
+    return ReplayResult(tokens, ms, spec_steps, switches)
+
+
+def _drafts_per_request(tokens: float, batch: int) -> List[int]:
+    """Accepted drafts per request (bonus excluded) summing to ``tokens - batch``."""
+    drafts = max(0, int(round(tokens)) - batch)
+    base, extra = divmod(drafts, batch)
+    return [base + (1 if r < extra else 0) for r in range(batch)]
+
+
+def oracle_rate(world: World, catchup_window: int, catchup_max_tokens: int = 8192) -> float:
+    """The best achievable tokens per second over ``world``, catch-ups included: dynamic
+    programming over (mode, plain-run length) of the total time, each step served as in
+    :func:`simulate`."""
+    runs = np.arange(catchup_window + 1)  # plain steps since the last speculative one (capped)
+    spec = 0.0  # least time so far, ending in a speculative step
+    plain = np.full(catchup_window + 1, np.inf)  # ... ending in a plain run of length r
+    for i in range(len(world.batch)):
+        b = int(world.batch[i])
+        t_plain, t_spec = world.plain_ms[i], world.serve_ms(i)
+        tokens = np.minimum(b * runs, catchup_max_tokens)
+        catch = np.where(tokens > 0, world.catchup_fixed_ms
+                         + world.catchup_per_token_ms * tokens, 0.0)
+        new_spec = min(spec, float(np.min(plain + catch))) + t_spec
+        new_plain = np.full(catchup_window + 1, np.inf)
+        new_plain[1] = spec
+        new_plain[2:] = plain[1:-1]
+        new_plain[-1] = min(new_plain[-1], plain[-1])
+        spec, plain = new_spec, new_plain + t_plain
+    best = min(spec, float(np.min(plain)))
+    return 1000.0 * float(world.batch.sum()) / best
+
+
+def regret(policy_factory: Callable[[], object], world: World, catchup_window: int,
+           catchup_max_tokens: int = 8192) -> float:
+    """1 - the policy's tokens per second / the oracle's."""
+    result = simulate(policy_factory(), world, catchup_window, catchup_max_tokens)
+    return 1.0 - result.rate / oracle_rate(world, catchup_window, catchup_max_tokens)
+
+
+def synthetic_world(batches: Iterable[int], kv_per_request: Iterable[float],
+                    acceptance: Iterable[float], queued: Iterable[int], *,
+                    plain_base_ms: Callable[[int], float], spec_base_ms: Callable[[int], float],
+                    plain_per_kv_token_ms: float, spec_per_kv_token_ms: float,
+                    max_speculative_batch: int, catchup_per_token_ms: float,
+                    catchup_fixed_ms: float = 0.0, buckets: Sequence[int] = ()) -> World:
+    """A world from a step model's parameters (for tests of the policy's properties); base
+    costs are taken at each step's CUDA-graph bucket (the smallest of ``buckets`` holding it),
+    as a graph replays at its bucket's size whatever the batch."""
+    b = np.array(list(batches))
+    padded = np.array([_bucket(sorted(buckets), x) if buckets and x <= max(buckets) else x
+                       for x in b])
+    kv = np.array(list(kv_per_request)) * b
+    acc = np.array(list(acceptance))
+    plain = np.array([plain_base_ms(x) for x in padded]) + plain_per_kv_token_ms * kv
+    spec = np.array([spec_base_ms(p) if x <= max_speculative_batch else np.inf
+                     for x, p in zip(b, padded)])
+    return World(b, kv.astype(int), np.array(list(queued)), plain,
+                 spec + spec_per_kv_token_ms * kv, acc * b, catchup_fixed_ms, catchup_per_token_ms)

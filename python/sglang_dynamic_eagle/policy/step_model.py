@@ -1,0 +1,316 @@
+"""What a decode step costs and yields: the model the throughput policy decides from.
+
+Cost. A decode step of mode m over a batch of b requests holding K KV tokens takes
+
+    t_m(b, K) = replay_m(bucket) + host_m + per_request_m * b + per_kv_token_m * K   (ms)
+
+``replay_m(bucket)``: the start-up replay of the step's CUDA graphs at the bucket the step runs
+at (weights read, the padded batch's matmuls, at context length 1). ``host_m + per_request_m *
+b``: what the replay leaves out, the host's launches and per-request work (sampling,
+bookkeeping; for a speculative step also tree building and verify), large for speculative
+steps (0.35 ms per request on an H200, 8B-shaped, triton). ``per_kv_token_m``: attention's
+read of the KV cache per token: for a plain step the target's KV bytes per token, for a
+speculative step the target's once (verify) plus the draft's once per draft step and once for
+the draft extend, over the memory bandwidth measured at start-up (the prior), refit online.
+The host, per-request and KV terms are one ridge least-squares fit over every timed step
+(exponential forgetting); a measured bucket adds its own mean residual.
+
+Yield. A plain step yields one token per request. A speculative step yields, per request, its
+acceptance length (bonus included): the request's own mean over its verifies, shrunk towards
+the server-wide recent mean by ``REQUEST_PRIOR_VERIFIES`` pseudo-verifies.
+
+Catch-up. Entering speculation after plain steps runs the draft over the tokens decoded plainly
+(at most the catch-up window per request): ``fixed + per_token * tokens``, fitted the same way.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from sglang_dynamic_eagle.policy.types import DecodeMode, check_int_at_least
+
+MODES = (DecodeMode.PLAIN, DecodeMode.SPECULATIVE)
+# Samples a bucket needs before its own mean replaces the scaled calibration: the step timer
+# drops the first step of every run, so 4 is one short probe's worth.
+MIN_BUCKET_SAMPLES = 4
+# Effective memory of the fits, in samples per bucket (weights decay by 1 - 1/memory per
+# sample): long enough to average out host jitter (a few % per step), short enough to follow
+# a load whose contexts grow over a few seconds of decoding.
+FIT_MEMORY_SAMPLES = 64
+# Memory of the fit shared by all buckets (host and per-request cost, KV slope), in samples:
+# several seconds of decoding, so that a burst at one batch size does not erase the others.
+GLOBAL_FIT_MEMORY_SAMPLES = 2048
+# Weight of the per-KV-token prior, in samples: as much as 64 steps whose KV tokens are spread
+# PRIOR_KV_SPREAD_TOKENS apart at the same batch size.
+PRIOR_SLOPE_SAMPLES = 64.0
+PRIOR_KV_SPREAD_TOKENS = 16384.0
+# A timed step this many times its prediction is a stall, not a cost.
+STALL_FACTOR = 4.0
+# A request's own acceptance weighs as much as the server-wide mean after this many verifies.
+REQUEST_PRIOR_VERIFIES = 4.0
+# The server-wide acceptance mean forgets by 1 - 1/window per decode step (speculative or not).
+ACCEPTANCE_WINDOW_STEPS = 64
+
+
+@dataclass
+class _Sums:
+    """Exponentially weighted sums for a regression of t on K (catch-up costs)."""
+
+    w: float = 0.0
+    k: float = 0.0
+    t: float = 0.0
+    kk: float = 0.0
+    kt: float = 0.0
+    count: int = 0
+
+    def add(self, kv: float, ms: float, keep: float, other: Optional[float] = None) -> None:
+        """One sample; with ``other``, ``kk`` sums that third variable instead of kv**2 (a
+        bucket's sums of batch size, KV tokens and time)."""
+        self.w = self.w * keep + 1.0
+        self.k = self.k * keep + kv
+        self.t = self.t * keep + ms
+        self.kk = self.kk * keep + (kv * kv if other is None else other)
+        self.kt = self.kt * keep + kv * ms
+        self.count += 1
+
+    def centred(self) -> Tuple[float, float]:
+        """(covariance of K and t, variance of K), both times the weight."""
+        if self.w <= 0:
+            return 0.0, 0.0
+        return self.kt - self.k * self.t / self.w, max(0.0, self.kk - self.k * self.k / self.w)
+
+
+def _solve3(a: List[List[float]], y: List[float]) -> Optional[List[float]]:
+    """Solution of the 3x3 system a x = y (Gaussian elimination, partial pivoting)."""
+    m = [row[:] + [v] for row, v in zip(a, y)]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-12:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(3):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * c for x, c in zip(m[r], m[col])]
+    return [m[r][3] / m[r][r] for r in range(3)]
+
+
+class ModeCost:
+    """One mode's step time; see the module docstring.
+
+    ``t(b, K) = replay(bucket) + host_ms + per_request_ms * b + per_kv_token_ms * K
+    + correction(bucket)``. ``replay``: the start-up graph replay of the bucket (0 where none was
+    timed). ``host_ms + per_request_ms * b``: what the replay leaves out (the host's launches and
+    per-request work: sampling, bookkeeping, a speculative step's tree building), fitted by
+    ridge least squares over every timed step with the KV term; ``per_kv_token_ms`` starts at
+    its physical prior (KV bytes per token over the memory bandwidth) and moves only as far as
+    steps whose KV tokens vary apart from their batch size (long and short contexts mixed)
+    show it should: in steady traffic K grows with b and the two cannot be told apart.
+    ``correction``: a measured bucket's mean residual (padding, kernel choice at that size).
+    A step over ``STALL_FACTOR`` times its prediction is a stall (JIT compile, host hiccup),
+    not a cost, and is left out once the fit is warm.
+    """
+
+    def __init__(
+        self,
+        buckets: Sequence[int],
+        calibration: Mapping[int, float],
+        prior_per_kv_token_ms: float,
+        memory: int = FIT_MEMORY_SAMPLES,
+    ) -> None:
+        self.buckets = tuple(sorted(set(buckets)))
+        if not self.buckets:
+            raise ValueError("a mode needs at least one bucket")
+        self.calibration = {b: float(ms) for b, ms in calibration.items() if ms and ms > 0}
+        self.prior_per_kv_token_ms = max(0.0, float(prior_per_kv_token_ms))
+        self._bucket_keep = 1.0 - 1.0 / check_int_at_least("memory", memory, 1)
+        self._global_keep = 1.0 - 1.0 / GLOBAL_FIT_MEMORY_SAMPLES
+        self._xx = [[0.0] * 3 for _ in range(3)]
+        self._xy = [0.0] * 3
+        self._samples = 0
+        self._theta = [0.0, 0.0, self.prior_per_kv_token_ms]  # host_ms, per_request_ms, per_kv
+        self._residuals: Dict[int, _Sums] = {b: _Sums() for b in self.buckets}
+
+    @property
+    def per_kv_token_ms(self) -> float:
+        return self._theta[2]
+
+    def bucket_of(self, batch_size: int) -> Optional[int]:
+        """The bucket a step of ``batch_size`` runs at; None above the largest."""
+        index = bisect.bisect_left(self.buckets, batch_size)
+        return self.buckets[index] if index < len(self.buckets) else None
+
+    def _replay(self, bucket: int) -> float:
+        return self.calibration.get(bucket, 0.0)
+
+    def _fitted(self, bucket: int, batch_size: int, kv_tokens: float) -> float:
+        host, per_request, per_kv = self._theta
+        return self._replay(bucket) + host + per_request * batch_size + per_kv * kv_tokens
+
+    def add(self, bucket: int, kv_tokens: float, ms: float, batch_size: Optional[int] = None
+            ) -> None:
+        """One timed step of ``batch_size`` requests (default: the bucket) at ``bucket``."""
+        if bucket not in self._residuals or not ms > 0:
+            return
+        b = bucket if batch_size is None else batch_size
+        if self._samples >= MIN_BUCKET_SAMPLES:
+            predicted = self.predict(b, kv_tokens)
+            if predicted and ms > STALL_FACTOR * predicted:
+                return
+        x = (1.0, float(b), float(kv_tokens))
+        y = ms - self._replay(bucket)
+        keep = self._global_keep
+        for i in range(3):
+            self._xy[i] = self._xy[i] * keep + x[i] * y
+            for j in range(3):
+                self._xx[i][j] = self._xx[i][j] * keep + x[i] * x[j]
+        self._samples += 1
+        self._refit()
+        # The bucket's own means (batch, KV, time over its replay); its correction is their
+        # residual under the current fit, so it never carries an older fit's error.
+        self._residuals[bucket].add(b, y, self._bucket_keep, kv_tokens)
+
+    def _refit(self) -> None:
+        # Ridge priors: the KV slope at its physical prior (weight as PRIOR_SLOPE_SAMPLES steps
+        # spread PRIOR_KV_SPREAD_TOKENS apart); a tiny pull of the per-request cost to 0 keeps
+        # the system solvable while every step so far had one batch size.
+        prior = [0.0, 1e-6, PRIOR_SLOPE_SAMPLES * PRIOR_KV_SPREAD_TOKENS**2]
+        target = [0.0, 0.0, self.prior_per_kv_token_ms]
+        a = [[self._xx[i][j] + (prior[i] if i == j else 0.0) for j in range(3)] for i in range(3)]
+        y = [self._xy[i] + prior[i] * target[i] for i in range(3)]
+        theta = _solve3(a, y)
+        if theta is not None:
+            theta[2] = max(0.0, theta[2])
+            self._theta = theta
+
+    def measured(self, bucket: Optional[int]) -> bool:
+        return bucket is not None and self._residuals[bucket].count >= MIN_BUCKET_SAMPLES
+
+    def measured_buckets(self) -> List[int]:
+        return [b for b in self.buckets if self.measured(b)]
+
+    def predict(self, batch_size: int, kv_tokens: float) -> Optional[float]:
+        """Predicted milliseconds of a step; None above the buckets or with nothing known
+        (no replay and no timed step)."""
+        bucket = self.bucket_of(batch_size)
+        if bucket is None or (self._samples == 0 and bucket not in self.calibration):
+            return None
+        if self._samples == 0:
+            return self._replay(bucket) + self.prior_per_kv_token_ms * kv_tokens
+        correction = 0.0
+        if self.measured(bucket):
+            s = self._residuals[bucket]
+            host, per_request, per_kv = self._theta
+            correction = (s.t - host * s.w - per_request * s.k - per_kv * s.kk) / s.w
+        return max(0.0, self._fitted(bucket, batch_size, kv_tokens) + correction)
+
+    def lower_bound(self, batch_size: int, kv_tokens: float) -> Optional[float]:
+        """The least a step can take: the graph replay alone (no host work, context 1) plus the
+        prior KV read; the prediction where no replay was timed."""
+        bucket = self.bucket_of(batch_size)
+        predicted = self.predict(batch_size, kv_tokens)
+        if bucket is None or bucket not in self.calibration or predicted is None:
+            return predicted
+        return min(predicted, self._replay(bucket) + self.prior_per_kv_token_ms * kv_tokens)
+
+    def report(self) -> Dict[str, object]:
+        host, per_request, per_kv = self._theta
+        return {
+            "step_ms": {str(b): round(ms, 3) for b in self.buckets
+                        if (ms := self.predict(b, 0.0)) is not None},
+            "host_ms": round(host, 4),
+            "per_request_ms": round(per_request, 5),
+            "per_kv_token_us": round(per_kv * 1000, 6),
+            "measured_buckets": self.measured_buckets(),
+        }
+
+
+def _nearest(ordered: Sequence[int], bucket: int) -> Optional[int]:
+    """The element of ``ordered`` (ascending) closest to ``bucket``; ties go to the larger."""
+    if not ordered:
+        return None
+    index = bisect.bisect_left(ordered, bucket)
+    candidates = ordered[max(0, index - 1): index + 1]
+    return min(candidates, key=lambda b: (abs(b - bucket), -b))
+
+
+class CatchupCost:
+    """Draft-KV catch-up milliseconds as ``fixed + per_token * tokens``, fitted from timed
+    catch-ups (exponential forgetting).
+
+    A catch-up is one eager draft EXTEND forward: its launches cost about as much as a
+    speculative step's at batch 1 (``prior_fixed_ms``, the start-up replay time), and a token
+    little (one draft layer). The first catch-up of a server JIT-compiles its kernels (30 ms on
+    an H200 against 1-6 ms after) and is not counted. Until ``MIN_BUCKET_SAMPLES`` catch-ups
+    were timed the prediction is their mean, whatever the tokens.
+    """
+
+    def __init__(self, prior_fixed_ms: float, memory: int = FIT_MEMORY_SAMPLES) -> None:
+        self.prior_fixed_ms = max(0.0, prior_fixed_ms)
+        self._keep = 1.0 - 1.0 / memory
+        self._sums = _Sums()
+        self._seen = 0
+
+    def add(self, tokens: int, ms: float) -> None:
+        self._seen += 1
+        if self._seen > 1 and tokens > 0 and ms > 0:
+            self._sums.add(tokens, ms, self._keep)
+
+    def predict(self, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        s = self._sums
+        if s.count == 0:
+            return self.prior_fixed_ms
+        cov, var = s.centred()
+        if s.count < MIN_BUCKET_SAMPLES or var <= 0:
+            return s.t / s.w
+        per_token = max(0.0, cov / var)
+        fixed = max(0.0, (s.t - per_token * s.k) / s.w)
+        return fixed + per_token * tokens
+
+
+class Acceptance:
+    """Acceptance lengths (tokens per verify per request, bonus included)."""
+
+    def __init__(self, max_acceptance: float) -> None:
+        if not max_acceptance >= 1:
+            raise ValueError(f"max_acceptance must be >= 1, got {max_acceptance}")
+        self.max_acceptance = float(max_acceptance)
+        self._keep = 1.0 - 1.0 / ACCEPTANCE_WINDOW_STEPS
+        self._sum = self._weight = 0.0
+        self._last_step = 0
+
+    @property
+    def server_mean(self) -> Optional[float]:
+        """Recent server-wide mean (each verified request weighs 1 when added); None before
+        the first verify."""
+        return self._sum / self._weight if self._weight > 0 else None
+
+    def add_verify(self, correct_drafts_per_req: Sequence[int], decode_step: int) -> None:
+        """One verify step's result: accepted drafts per request (the bonus token is added)."""
+        if not correct_drafts_per_req:
+            return
+        keep = self._keep ** max(0, decode_step - self._last_step)
+        count = len(correct_drafts_per_req)
+        self._sum = self._sum * keep + sum(correct_drafts_per_req) + count
+        self._weight = self._weight * keep + count
+        self._last_step = decode_step
+
+    def batch_tokens(self, batch_size: int, verifies: Sequence[int], accepted: Sequence[int],
+                     remaining: Sequence[int] = (), optimistic: bool = False) -> float:
+        """Expected tokens of one speculative step over the batch: each request's own mean
+        shrunk towards the server mean (the full acceptance if ``optimistic`` or unknown), and
+        no more than the tokens the request may still emit."""
+        prior = self.max_acceptance if optimistic or self.server_mean is None else self.server_mean
+        k = REQUEST_PRIOR_VERIFIES
+        if optimistic or not verifies:
+            means = [prior] * batch_size
+        else:
+            means = [(a + k * prior) / (n + k) for n, a in zip(verifies, accepted)]
+            means += [prior] * (batch_size - len(means))
+        if remaining:
+            return sum(min(m, max(1, r)) for m, r in zip(means, remaining))
+        return sum(means)

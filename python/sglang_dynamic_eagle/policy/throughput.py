@@ -1,0 +1,336 @@
+"""The automatic policy: the mode that serves more output tokens per second, switched when the
+predicted loss of staying has paid for the switch.
+
+Each decode step (names as in ``step_model``):
+
+1. **Where the load is going.** With ``q`` requests queued, the batch the scheduler is filling
+   is ``b' = min(b + q, max_running, b * kv_capacity / K)`` (the last term: as many requests of
+   the batch's mean length as the KV pool holds); its KV tokens scale with it. With no queue,
+   ``b' = b``. A burst therefore leaves speculation at its first step, before the batch grows.
+2. **Both modes' rates at b'.** ``r_plain = b' / t_plain(b', K')``,
+   ``r_spec = A(b') / t_spec(b', K')``, A from the acceptance of the requests in the batch.
+3. **Hysteresis as expected loss (CUSUM).** Staying in mode m for one step costs
+   ``loss = t_m - y_m / r_other`` milliseconds (the time the other mode would have needed for
+   the same tokens). ``S = max(0, S + loss)``; the mode switches once S exceeds the switch's
+   own cost: entering speculation pays the draft-KV catch-up of the tokens decoded plainly
+   (``b * min(plain steps, window)`` tokens at the fitted catch-up cost); leaving it pays
+   nothing now. A noise-free crossing therefore costs at most twice the best switch schedule's
+   loss (the ski-rental bound), with no step counts to tune.
+4. **Exploration from an explicit budget.** Every decode step adds ``EXPLORATION_SHARE`` of its
+   predicted time to a budget (capped at ``EXPLORATION_CAP_PROBES`` probes' worth). The other
+   mode is measured for ``PROBE_STEPS`` steps when the budget covers the probe's predicted
+   loss plus its catch-up, and the other mode could win at its best (speculation at full
+   acceptance, a step at its graph-replay time): so a stale acceptance or an uncalibrated cost
+   cannot keep the better mode off, and measuring never takes more than the share of decode
+   time.
+5. A batch above the largest speculative CUDA graph decodes plainly.
+
+Pure Python; deterministic in its inputs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Deque, Dict, List, Mapping, Optional, Sequence
+
+from sglang_dynamic_eagle.policy.step_model import Acceptance, CatchupCost, ModeCost
+from sglang_dynamic_eagle.policy.types import (
+    DecodeMode,
+    ReportValue,
+    StepObservation,
+    check_int_at_least,
+)
+
+# At most this share of decode time goes to measuring the mode the policy would not pick.
+EXPLORATION_SHARE = 0.01
+# Steps of one probe: the step timer drops a run's first step, and a bucket's fit needs
+# MIN_BUCKET_SAMPLES (4) timed steps; two more verifies firm up the acceptance.
+PROBE_STEPS = 7
+# The budget saves up for at most two probes (an idle stretch does not buy a burst of probes).
+EXPLORATION_CAP_PROBES = 2.0
+# Decisions kept for /server_info.
+RECENT_DECISIONS = 16
+
+
+@dataclass(frozen=True)
+class ThroughputPolicyConfig:
+    max_speculative_batch: int  # largest batch the speculative CUDA graphs cover
+    max_running_requests: int  # the scheduler's cap on the running batch
+    kv_capacity_tokens: int  # KV pool size in tokens
+    catchup_window: int  # most plain-decoded positions a catch-up redoes per request
+    catchup_max_tokens: int = 8192  # most positions one catch-up redoes over all requests
+
+    def __post_init__(self) -> None:
+        check_int_at_least("max_speculative_batch", self.max_speculative_batch, 1)
+        check_int_at_least("max_running_requests", self.max_running_requests, 1)
+        check_int_at_least("kv_capacity_tokens", self.kv_capacity_tokens, 1)
+        check_int_at_least("catchup_window", self.catchup_window, 1)
+        check_int_at_least("catchup_max_tokens", self.catchup_max_tokens, 1)
+
+    def catchup_tokens(self, batch_size: int, plain_run: int) -> int:
+        """Positions a catch-up redoes after ``plain_run`` plain steps of ``batch_size``."""
+        return min(batch_size * min(plain_run, self.catchup_window), self.catchup_max_tokens)
+
+
+@dataclass
+class Decision:
+    """One decided step, with what the policy predicted (filled in with the measured time)."""
+
+    step: int
+    mode: DecodeMode
+    batch: int
+    projected_batch: int
+    kv_tokens: int
+    queued: int
+    plain_tok_per_s: float
+    spec_tok_per_s: float
+    predicted_ms: Optional[float]
+    reason: str
+    measured_ms: Optional[float] = None
+
+    def as_dict(self) -> Dict[str, object]:
+        out = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in vars(self).items()}
+        out["mode"] = self.mode.value
+        return out
+
+
+class ThroughputPolicy:
+    """See the module docstring; a ``DecodePolicy``."""
+
+    def __init__(
+        self,
+        config: ThroughputPolicyConfig,
+        costs: Mapping[DecodeMode, ModeCost],
+        catchup: CatchupCost,
+        acceptance: Acceptance,
+        initial_mode: DecodeMode = DecodeMode.SPECULATIVE,
+    ) -> None:
+        self.config = config
+        self.costs = dict(costs)
+        self.catchup = catchup
+        self.acceptance = acceptance
+        self._mode = DecodeMode(initial_mode)
+        self._step = 0
+        self._loss_ms = 0.0  # CUSUM of the predicted loss of staying in the current mode
+        self._plain_run = 0  # plain steps since the last speculative one
+        self._budget_ms = 0.0
+        self._probe_left = 0
+        self.probes = 0
+        self.switches = 0
+        self._recent: Deque[Decision] = deque(maxlen=RECENT_DECISIONS)
+        self._by_step: Dict[int, Decision] = {}
+
+    @property
+    def mode(self) -> DecodeMode:
+        return self._mode
+
+    @property
+    def max_speculative_batch(self) -> int:
+        return self.config.max_speculative_batch
+
+    @property
+    def step(self) -> int:
+        """Decisions taken so far (the index of the latest)."""
+        return self._step
+
+    # -- what the worker feeds back ---------------------------------------
+
+    def add_step_time(self, step: int, mode: DecodeMode, batch_size: int, kv_tokens: int,
+                      ms: float) -> None:
+        """The measured time of decided step ``step`` (identical on every rank)."""
+        cost = self.costs[mode]
+        bucket = cost.bucket_of(batch_size)
+        if bucket is not None:
+            cost.add(bucket, kv_tokens, ms, batch_size)
+        decision = self._by_step.pop(step, None)
+        if decision is not None and decision.mode is mode:
+            decision.measured_ms = ms
+
+    def add_catchup(self, tokens: int, ms: float) -> None:
+        self.catchup.add(tokens, ms)
+
+    def add_verify(self, correct_drafts_per_req: Sequence[int]) -> None:
+        self.acceptance.add_verify(correct_drafts_per_req, self._step)
+
+    # -- deciding ------------------------------------------------------------
+
+    def projected_batch(self, obs: StepObservation) -> int:
+        """The batch the running load is heading for (step 1 of the module docstring)."""
+        b = obs.batch_size
+        if obs.queued == 0 or b == 0:
+            return b
+        target = min(b + obs.queued, self.config.max_running_requests)
+        if obs.kv_tokens > 0:
+            target = min(target, max(b, int(b * self.config.kv_capacity_tokens / obs.kv_tokens)))
+        return max(b, target)
+
+    def _rates(self, obs: StepObservation, b: int, kv: float, optimistic: bool = False):
+        """Predicted (plain, speculative) step ms and tokens at batch b; optimistic: each mode
+        at its best (graph-replay time, full acceptance)."""
+        scale = b / obs.batch_size if obs.batch_size else 1.0
+        plain_model, spec_model = self.costs[DecodeMode.PLAIN], self.costs[DecodeMode.SPECULATIVE]
+        if optimistic:
+            t_plain, t_spec = plain_model.lower_bound(b, kv), spec_model.lower_bound(b, kv)
+        else:
+            t_plain, t_spec = plain_model.predict(b, kv), spec_model.predict(b, kv)
+        y_spec = scale * self.acceptance.batch_tokens(
+            obs.batch_size, obs.verifies, obs.accepted, obs.remaining, optimistic=optimistic)
+        return t_plain, float(b), t_spec, y_spec
+
+    def decide(self, obs: StepObservation) -> DecodeMode:
+        self._step += 1
+        b = obs.batch_size
+        projected = self.projected_batch(obs)
+        kv = obs.kv_tokens * (projected / b if b else 1.0)
+        t_plain, y_plain, t_spec, y_spec = self._rates(obs, projected, kv)
+        known = t_plain is not None and t_spec is not None
+        r_plain = y_plain / t_plain if t_plain else 0.0
+        r_spec = y_spec / t_spec if t_spec else 0.0
+        current = self._mode
+        t_current = t_plain if current is DecodeMode.PLAIN else t_spec
+        self._budget_ms = min(
+            self._budget_ms + EXPLORATION_SHARE * (t_current or 0.0),
+            self._budget_cap(t_plain, t_spec),
+        )
+
+        spec_bucket = self.costs[DecodeMode.SPECULATIVE].bucket_of(projected)
+        if b > self.config.max_speculative_batch or spec_bucket is None:
+            mode, reason = DecodeMode.PLAIN, "above speculative graphs"
+            self._probe_left = 0
+        elif self._probe_left > 0:
+            self._probe_left -= 1
+            mode, reason = self._mode, "probe"
+        elif not known:
+            # Nothing timed or calibrated for one mode at this size: measure it (once: a
+            # measured bucket then scales every other).
+            unknown = DecodeMode.PLAIN if t_plain is None else DecodeMode.SPECULATIVE
+            mode, reason = unknown, "cost unknown"
+            if unknown is not current:
+                self._probe_left = PROBE_STEPS - 1
+                self.probes += 1
+        else:
+            mode, reason = self._switch_or_stay(obs, projected, kv, t_plain, y_plain, t_spec,
+                                                y_spec)
+        self._record(obs, projected, mode, reason, r_plain, r_spec,
+                     t_plain if mode is DecodeMode.PLAIN else t_spec)
+        return mode
+
+    def _switch_or_stay(self, obs, projected, kv, t_plain, y_plain, t_spec, y_spec):
+        current = self._mode
+        if current is DecodeMode.PLAIN:
+            loss = t_plain - y_plain * t_spec / y_spec if y_spec > 0 else -t_plain
+            switch_cost = self._catchup_ms(obs.batch_size)
+        else:
+            loss = t_spec - y_spec * t_plain / y_plain
+            switch_cost = 0.0
+        self._loss_ms = max(0.0, self._loss_ms + loss)
+        if self._loss_ms > switch_cost:
+            return self._other(current), "predicted gain"
+        probe = self._probe_cost(obs, projected, kv, t_plain, y_plain, t_spec, y_spec)
+        if probe is not None and probe <= self._budget_ms:
+            self._budget_ms -= probe
+            self._probe_left = PROBE_STEPS - 1
+            self.probes += 1
+            return self._other(current), "probe"
+        return current, "stay"
+
+    def _probe_cost(self, obs, projected, kv, t_plain, y_plain, t_spec, y_spec) -> Optional[float]:
+        """Predicted loss of a probe of the other mode, or None when that mode cannot win here
+        even at its best (then measuring it is worthless)."""
+        best_t_plain, _, best_t_spec, best_y_spec = self._rates(obs, projected, kv,
+                                                                optimistic=True)
+        if self._mode is DecodeMode.PLAIN:
+            if not best_t_spec or best_y_spec / best_t_spec <= y_plain / t_plain:
+                return None
+            per_step = max(0.0, t_spec - y_spec * t_plain / y_plain)
+            return PROBE_STEPS * per_step + self._catchup_ms(obs.batch_size)
+        if not best_t_plain or y_plain / best_t_plain <= y_spec / t_spec:
+            return None
+        per_step = max(0.0, t_plain - y_plain * t_spec / y_spec) if y_spec > 0 else 0.0
+        # Returning pays the catch-up of the probe's plain steps.
+        return PROBE_STEPS * per_step + self.catchup.predict(
+            self.config.catchup_tokens(obs.batch_size, PROBE_STEPS))
+
+    def _catchup_ms(self, batch_size: int) -> float:
+        return self.catchup.predict(self.config.catchup_tokens(batch_size, self._plain_run))
+
+    def _budget_cap(self, t_plain: Optional[float], t_spec: Optional[float]) -> float:
+        step = max(t_plain or 0.0, t_spec or 0.0)
+        return EXPLORATION_CAP_PROBES * (PROBE_STEPS * step + self.catchup.predict(
+            self.config.catchup_tokens(self.config.max_speculative_batch, PROBE_STEPS)))
+
+    @staticmethod
+    def _other(mode: DecodeMode) -> DecodeMode:
+        return DecodeMode.PLAIN if mode is DecodeMode.SPECULATIVE else DecodeMode.SPECULATIVE
+
+    def _record(self, obs, projected, mode, reason, r_plain, r_spec, predicted) -> None:
+        if mode is not self._mode:
+            self.switches += 1
+            self._loss_ms = 0.0
+        self._mode = mode
+        self._plain_run = self._plain_run + 1 if mode is DecodeMode.PLAIN else 0
+        decision = Decision(
+            step=obs.step or self._step, mode=mode, batch=obs.batch_size, projected_batch=projected,
+            kv_tokens=obs.kv_tokens, queued=obs.queued, plain_tok_per_s=1000 * r_plain,
+            spec_tok_per_s=1000 * r_spec, predicted_ms=predicted, reason=reason)
+        self._recent.append(decision)
+        self._by_step[decision.step] = decision
+        if len(self._by_step) > 4 * RECENT_DECISIONS:  # steps whose time never came back
+            for step in sorted(self._by_step)[: len(self._by_step) - 4 * RECENT_DECISIONS]:
+                del self._by_step[step]
+
+    def prediction_error(self) -> Optional[float]:
+        """Mean |predicted - measured| / measured over the recent decisions with both."""
+        errors = [abs(d.predicted_ms - d.measured_ms) / d.measured_ms for d in self._recent
+                  if d.predicted_ms and d.measured_ms]
+        return sum(errors) / len(errors) if errors else None
+
+    def report(self) -> Dict[str, ReportValue]:
+        error = self.prediction_error()
+        server_mean = self.acceptance.server_mean
+        return {
+            "policy": "throughput",
+            "max_speculative_graph_batch": self.config.max_speculative_batch,
+            "probes": self.probes,
+            "policy_switches": self.switches,
+            "exploration_budget_ms": round(self._budget_ms, 3),
+            "acceptance_estimate": round(server_mean, 4) if server_mean is not None else 0.0,
+            "prediction_error": round(error, 4) if error is not None else 0.0,
+            "plain_cost": self.costs[DecodeMode.PLAIN].report(),
+            "speculative_cost": self.costs[DecodeMode.SPECULATIVE].report(),
+            "catchup_ms_per_100_tokens": round(self.catchup.predict(100), 3),
+            "recent_decisions": [d.as_dict() for d in self._recent],
+        }
+
+
+def crossover_batch(policy: ThroughputPolicy, kv_tokens_per_request: float = 0.0) -> int:
+    """Largest speculative bucket at which speculation is predicted to pay at the current
+    server-wide acceptance (for logs and gauges); 0 if none."""
+    acceptance = policy.acceptance.server_mean or policy.acceptance.max_acceptance
+    best = 0
+    for bucket in policy.costs[DecodeMode.SPECULATIVE].buckets:
+        kv = kv_tokens_per_request * bucket
+        t_plain = policy.costs[DecodeMode.PLAIN].predict(bucket, kv)
+        t_spec = policy.costs[DecodeMode.SPECULATIVE].predict(bucket, kv)
+        if t_plain and t_spec and acceptance * t_plain >= t_spec:
+            best = bucket
+    return best
+
+
+
+def new_throughput_policy(
+    config: ThroughputPolicyConfig,
+    buckets: Mapping[DecodeMode, Sequence[int]],
+    calibration: Mapping[DecodeMode, Mapping[int, float]],
+    per_kv_token_prior_ms: Mapping[DecodeMode, float],
+    catchup_prior_fixed_ms: float,
+    max_acceptance: float,
+) -> ThroughputPolicy:
+    """The automatic policy with its step model's priors."""
+    costs = {
+        mode: ModeCost(buckets[mode], calibration.get(mode, {}), per_kv_token_prior_ms[mode])
+        for mode in (DecodeMode.PLAIN, DecodeMode.SPECULATIVE)
+    }
+    return ThroughputPolicy(config, costs, CatchupCost(catchup_prior_fixed_ms),
+                            Acceptance(max_acceptance))
