@@ -292,3 +292,56 @@ def synthetic_world(batches: Iterable[int], kv_per_request: Iterable[float],
                      for x, p in zip(b, padded)])
     return World(b, kv.astype(int), np.array(list(queued)), plain,
                  spec + spec_per_kv_token_ms * kv, acc * b, catchup_fixed_ms, catchup_per_token_ms)
+
+
+def load_recorded(trace_path: Path) -> Tuple[List[TraceStep], dict]:
+    """A committed trace and its sidecar (``<name>.json``: the server's start-up priors and
+    configuration); ``.xz`` traces are read compressed."""
+    trace_path = Path(trace_path)
+    name = trace_path.name.split(".jsonl")[0]
+    meta = json.loads((trace_path.parent / f"{name}.json").read_text())
+    if trace_path.suffix == ".xz":
+        import lzma
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as tmp:
+            tmp.write(lzma.open(trace_path, "rt").read())
+        steps = load_trace(Path(tmp.name))
+        Path(tmp.name).unlink()
+    else:
+        steps = load_trace(trace_path)
+    return steps, meta
+
+
+def recorded_world(steps: Sequence[TraceStep], meta: dict) -> World:
+    plain_buckets = sorted(int(b) for b in meta["calibration"]["plain"])
+    return World.from_trace(steps, plain_buckets, meta["max_speculative_batch"],
+                            catchup_per_token_ms=meta["catchup"]["per_token_ms"],
+                            catchup_fixed_ms=meta["catchup"]["fixed_ms"])
+
+
+def throughput_policy_for(meta: dict, per_kv_token_scale: float = 1.0):
+    """The automatic policy as the recorded server built it (its calibration and priors)."""
+    from sglang_dynamic_eagle.policy.throughput import (ThroughputPolicyConfig,
+                                                         new_throughput_policy)
+
+    calibration = {DecodeMode(mode): {int(b): ms for b, ms in table.items()}
+                   for mode, table in meta["calibration"].items()}
+    buckets = {mode: sorted(table) for mode, table in calibration.items()}
+    bytes_per_ms = meta["bandwidth_gbps"] * 1e6
+    kv = meta["kv_bytes_per_token"]
+    per_kv = {
+        DecodeMode.PLAIN: per_kv_token_scale * kv["target"] / bytes_per_ms,
+        DecodeMode.SPECULATIVE: per_kv_token_scale * (
+            kv["target"] + (meta["speculative_num_steps"] + 1) * kv["draft"]) / bytes_per_ms,
+    }
+    config = ThroughputPolicyConfig(
+        max_speculative_batch=meta["max_speculative_batch"],
+        max_running_requests=meta["max_running_requests"],
+        kv_capacity_tokens=meta["kv_capacity_tokens"],
+        catchup_window=meta["catchup_window"],
+    )
+    spec = calibration[DecodeMode.SPECULATIVE]
+    return new_throughput_policy(config, buckets, calibration, per_kv,
+                                 catchup_prior_fixed_ms=spec[min(spec)],
+                                 max_acceptance=meta["max_acceptance"])

@@ -50,8 +50,10 @@ PRIOR_KV_SPREAD_TOKENS = 16384.0
 STALL_FACTOR = 4.0
 # A request's own acceptance weighs as much as the server-wide mean after this many verifies.
 REQUEST_PRIOR_VERIFIES = 4.0
-# The server-wide acceptance mean forgets by 1 - 1/window per decode step (speculative or not).
-ACCEPTANCE_WINDOW_STEPS = 64
+# The server-wide acceptance mean forgets by 1 - 1/window per decode step (speculative or not):
+# each step verifies the whole batch, so 16 steps hold hundreds of requests' verifies, and a
+# change of task mix shows within a fraction of a second.
+ACCEPTANCE_WINDOW_STEPS = 16
 
 
 @dataclass

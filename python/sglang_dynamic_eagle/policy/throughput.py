@@ -119,6 +119,7 @@ class ThroughputPolicy:
         self.probes = 0
         self.switches = 0
         self._recent: Deque[Decision] = deque(maxlen=RECENT_DECISIONS)
+        self._measured: Deque[Decision] = deque(maxlen=RECENT_DECISIONS)
         self._by_step: Dict[int, Decision] = {}
 
     @property
@@ -146,6 +147,7 @@ class ThroughputPolicy:
         decision = self._by_step.pop(step, None)
         if decision is not None and decision.mode is mode:
             decision.measured_ms = ms
+            self._measured.append(decision)
 
     def add_catchup(self, tokens: int, ms: float) -> None:
         self.catchup.add(tokens, ms)
@@ -282,7 +284,7 @@ class ThroughputPolicy:
 
     def prediction_error(self) -> Optional[float]:
         """Mean |predicted - measured| / measured over the recent decisions with both."""
-        errors = [abs(d.predicted_ms - d.measured_ms) / d.measured_ms for d in self._recent
+        errors = [abs(d.predicted_ms - d.measured_ms) / d.measured_ms for d in self._measured
                   if d.predicted_ms and d.measured_ms]
         return sum(errors) / len(errors) if errors else None
 
@@ -300,7 +302,9 @@ class ThroughputPolicy:
             "plain_cost": self.costs[DecodeMode.PLAIN].report(),
             "speculative_cost": self.costs[DecodeMode.SPECULATIVE].report(),
             "catchup_ms_per_100_tokens": round(self.catchup.predict(100), 3),
-            "recent_decisions": [d.as_dict() for d in self._recent],
+            # The latest decisions whose step time came back, then the latest one.
+            "recent_decisions": [d.as_dict() for d in self._measured]
+            + [d.as_dict() for d in list(self._recent)[-1:]],
         }
 
 

@@ -1,0 +1,265 @@
+"""The automatic policy against its oracle on recorded and modelled traces (CPU replay), and the
+properties it must keep: each decision from the step model, monotone in acceptance and in the
+cost ratio, deterministic, no faster flapping than the catch-up cost allows, exploration
+within its budget."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import List
+
+import numpy as np
+import pytest
+
+from sglang_dynamic_eagle.policy import (DecodeMode, StepObservation, ThresholdPolicy,
+                                         ThresholdPolicyConfig)
+from sglang_dynamic_eagle.policy.replay import (World, load_recorded, oracle_rate,
+                                                recorded_world, simulate, synthetic_world,
+                                                throughput_policy_for)
+from sglang_dynamic_eagle.policy.throughput import (EXPLORATION_SHARE, ThroughputPolicyConfig,
+                                                    new_throughput_policy)
+
+TRACES = sorted((Path(__file__).parent / "data" / "traces").glob("*.jsonl.xz"))
+MAX_REGRET = 0.03
+WINDOW = 256
+SPEC, PLAIN = DecodeMode.SPECULATIVE, DecodeMode.PLAIN
+
+# The modelled server: the 8B-shaped pair on one H200 (triton, chain 3/1/4), fitted to the
+# committed Poisson trace: a plain step 5.2 ms + 0.016 ms per request, a speculative step
+# 2.4 ms + 0.31 ms per request over a replay of 5.6 ms; KV read 131 kB (target) and 4 kB
+# (draft) per token at 4 TB/s.
+BUCKETS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128]
+PLAIN_KV_MS = 131072 / 4e9
+SPEC_KV_MS = (131072 + 4 * 4096) / 4e9
+
+
+def plain_base(b: int) -> float:
+    return 5.2 + 0.016 * b
+
+
+def spec_base(b: int) -> float:
+    return 8.0 + 0.31 * b
+
+
+def modelled_world(batches, kv_per_request, acceptance, queued=None) -> World:
+    n = len(batches)
+    return synthetic_world(
+        batches, kv_per_request, acceptance, queued if queued is not None else [0] * n,
+        plain_base_ms=plain_base, spec_base_ms=spec_base, plain_per_kv_token_ms=PLAIN_KV_MS,
+        spec_per_kv_token_ms=SPEC_KV_MS, max_speculative_batch=128, catchup_per_token_ms=0.0008,
+        catchup_fixed_ms=1.5, buckets=BUCKETS)
+
+
+def modelled_policy(max_acceptance: float = 4.0, kv_scale: float = 1.0, spec_scale: float = 1.0):
+    """The policy as the modelled server would build it: replays at 90% of the step (no host
+    work), the physical KV priors."""
+    calibration = {PLAIN: {b: 0.9 * plain_base(b) for b in BUCKETS},
+                   SPEC: {b: 0.9 * spec_scale * spec_base(b) for b in BUCKETS}}
+    config = ThroughputPolicyConfig(max_speculative_batch=128, max_running_requests=256,
+                                    kv_capacity_tokens=2_000_000, catchup_window=WINDOW)
+    return new_throughput_policy(config, {PLAIN: BUCKETS, SPEC: BUCKETS}, calibration,
+                                 {PLAIN: kv_scale * PLAIN_KV_MS, SPEC: kv_scale * SPEC_KV_MS},
+                                 catchup_prior_fixed_ms=spec_base(1), max_acceptance=max_acceptance)
+
+
+def random_walk(n: int, seed: int, low: int = 1, high: int = 160, step: int = 3) -> List[int]:
+    rng = np.random.default_rng(seed)
+    x, out = low, []
+    for _ in range(n):
+        x = int(np.clip(x + rng.integers(-step, step + 1), low, high))
+        out.append(x)
+    return out
+
+
+def modelled_traces():
+    """Load shapes users run, at acceptance levels from poor to good."""
+    n = 3000
+    walk = random_walk(n, seed=1)
+    light = random_walk(n, seed=2, high=40, step=2)
+    burst = [2] * 600 + [100 + i % 20 for i in range(1200)] + [3] * 1200
+    burst_queue = [0] * 600 + [80] * 100 + [0] * 2300
+    return {
+        "chat-walk-acc3.0": modelled_world(walk, [700] * n, [3.0] * n),
+        "chat-walk-acc1.6": modelled_world(walk, [700] * n, [1.6] * n),
+        "light-acc2.2": modelled_world(light, [900] * n, [2.2] * n),
+        "long-context-acc3.0": modelled_world(walk, [9000] * n, [3.0] * n),
+        "short-then-long-acc2.5": modelled_world(walk, [600] * (n // 2) + [12000] * (n - n // 2),
+                                                 [2.5] * n),
+        "burst-after-light-acc3.0": modelled_world(burst, [800] * n, [3.0] * n, burst_queue),
+        "acceptance-shift": modelled_world(light, [900] * n, [4.0] * (n // 2) + [1.3] * (n - n // 2)),
+        # Long-document and chat requests sharing the batch: its KV tokens swing by 20x every
+        # few dozen steps at the same batch size.
+        "mixed-contexts-acc2.5": modelled_world(
+            [32] * n, [600 if (i // 40) % 2 else 12000 for i in range(n)], [2.5] * n),
+    }
+
+
+MODELLED = modelled_traces()
+
+
+def regret(policy, world: World) -> float:
+    return 1.0 - simulate(policy, world, WINDOW).rate / oracle_rate(world, WINDOW)
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name)
+def test_regret_on_recorded_traces(trace: Path) -> None:
+    steps, meta = load_recorded(trace)
+    world = recorded_world(steps, meta)
+    assert regret(throughput_policy_for(meta), world) <= MAX_REGRET
+
+
+@pytest.mark.parametrize("name", sorted(MODELLED))
+def test_regret_on_modelled_traces(name: str) -> None:
+    assert regret(modelled_policy(), MODELLED[name]) <= MAX_REGRET
+
+
+def test_recorded_trace_separates_the_policies() -> None:
+    """The bar can fail: speculating always, or never, misses it by far on the recorded trace."""
+    steps, meta = load_recorded(TRACES[0])
+    world = recorded_world(steps, meta)
+    always = ThresholdPolicy(ThresholdPolicyConfig(0, 0, 1, meta["max_speculative_batch"]))
+    never = ThresholdPolicy(ThresholdPolicyConfig(1, 0, 1, meta["max_speculative_batch"]),
+                            initial_mode=PLAIN)
+    assert regret(always, world) > MAX_REGRET
+    assert regret(never, world) > MAX_REGRET
+
+
+def test_a_batch_size_rule_fails_where_contexts_are_long() -> None:
+    """Negative control: fixed batch thresholds (speculate up to 16-24 requests) miss the bar
+    once long contexts move the crossover."""
+    control = ThresholdPolicy(ThresholdPolicyConfig(24, 16, 4, 128))
+    assert regret(control, MODELLED["long-context-acc3.0"]) > MAX_REGRET
+
+
+class KvBlind:
+    """The automatic policy with the KV tokens hidden from it (negative control)."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+
+    def decide(self, obs: StepObservation) -> DecodeMode:
+        return self.policy.decide(replace(obs, kv_tokens=0))
+
+    def add_step_time(self, step, mode, batch_size, kv_tokens, ms) -> None:
+        self.policy.add_step_time(step, mode, batch_size, 0, ms)
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+
+def test_a_policy_blind_to_kv_tokens_fails_on_mixed_contexts() -> None:
+    assert regret(KvBlind(modelled_policy(kv_scale=0.0)), MODELLED["mixed-contexts-acc2.5"]) \
+        > MAX_REGRET
+
+
+def decisions(policy, world: World) -> List[DecodeMode]:
+    modes: List[DecodeMode] = []
+    decide = policy.decide
+
+    def recording(obs):
+        modes.append(decide(obs))
+        return modes[-1]
+
+    policy.decide = recording
+    simulate(policy, world, WINDOW)
+    return modes
+
+
+def test_deterministic_so_tensor_parallel_ranks_agree() -> None:
+    world = MODELLED["chat-walk-acc3.0"]
+    assert decisions(modelled_policy(), world) == decisions(modelled_policy(), world)
+
+
+def spec_steps(policy, world: World) -> int:
+    return simulate(policy, world, WINDOW).speculative_steps
+
+
+@pytest.mark.parametrize("name", ["chat-walk-acc1.6", "light-acc2.2"])
+def test_monotone_in_acceptance(name: str) -> None:
+    base = MODELLED[name]
+    counts = []
+    for scale in (0.8, 1.0, 1.3):
+        world = replace(base, spec_tokens=base.spec_tokens * scale)
+        counts.append(spec_steps(modelled_policy(), world))
+    assert counts == sorted(counts) and counts[0] < counts[-1]
+
+
+def test_monotone_in_the_cost_ratio() -> None:
+    base = MODELLED["chat-walk-acc3.0"]
+    counts = []
+    for scale in (1.3, 1.0, 0.8):  # speculative steps dearer to cheaper, prior and truth alike
+        world = replace(base, spec_ms=base.spec_ms * scale)
+        counts.append(spec_steps(modelled_policy(spec_scale=scale), world))
+    assert counts == sorted(counts) and counts[0] < counts[-1]
+
+
+def test_no_flapping_faster_than_the_catchup_cost_allows() -> None:
+    """A batch oscillating around the crossover every step: each return to speculation must be
+    paid for by accumulated predicted loss at least the catch-up's cost, so switches stay rare."""
+    n = 2000
+    batches = [22 if i % 2 else 30 for i in range(n)]
+    world = modelled_world(batches, [700] * n, [2.4] * n)
+    result = simulate(modelled_policy(), world, WINDOW)
+    assert result.switches <= n // 20
+    assert regret(modelled_policy(), world) <= MAX_REGRET
+
+
+def test_a_burst_leaves_speculation_before_the_batch_grows() -> None:
+    """Two requests speculate; a burst of 100 queues behind them: plain at the very next step,
+    because the batch the queue will fill decodes faster plainly."""
+    policy = modelled_policy()
+    for step in range(1, 200):
+        policy.decide(StepObservation(batch_size=2, kv_tokens=1600, step=step))
+        policy.add_verify([2, 2])
+    assert policy.mode is SPEC
+    assert policy.decide(StepObservation(batch_size=2, kv_tokens=1600, queued=100,
+                                         step=200)) is PLAIN
+
+
+def test_requests_that_finish_this_step_decode_plainly() -> None:
+    policy = modelled_policy()
+    for step in range(1, 50):
+        policy.decide(StepObservation(batch_size=4, kv_tokens=3000, step=step))
+        policy.add_verify([2] * 4)
+    obs = StepObservation(batch_size=4, kv_tokens=3000, remaining=[1, 1, 1, 1], step=50)
+    assert policy.decide(obs) is PLAIN
+
+
+def test_requests_that_accept_poorly_pull_the_batch_to_plain() -> None:
+    """Per-request acceptance: the same batch speculates when its requests accept well and not
+    when they accept poorly, whatever the server-wide mean."""
+    def mode_with(accepted_per_verify: float) -> DecodeMode:
+        policy = modelled_policy()
+        for step in range(1, 40):
+            policy.add_verify([2] * 24)  # server mean 3.0
+            policy.decide(StepObservation(batch_size=24, kv_tokens=24 * 700, step=step,
+                                          verifies=[20] * 24,
+                                          accepted=[int(20 * accepted_per_verify)] * 24))
+        return policy.mode
+
+    assert mode_with(3.5) is SPEC
+    assert mode_with(1.2) is PLAIN
+
+
+def test_exploration_stays_within_its_budget() -> None:
+    """Plain is right all along (acceptance 1.0, speculation could pay only at full
+    acceptance): the speculative probes' extra time stays within the budget's share."""
+    n = 6000
+    world = modelled_world(random_walk(n, seed=5, high=24, step=1), [800] * n, [1.0] * n)
+    policy = modelled_policy()
+    result = simulate(policy, world, WINDOW)
+    plain_ms = float(world.plain_ms.sum())
+    assert policy.probes >= 1  # it does measure
+    assert result.ms - plain_ms <= 2 * EXPLORATION_SHARE * plain_ms + 30.0
+
+
+def test_the_server_report_shows_predictions_and_measurements() -> None:
+    policy = modelled_policy()
+    world = MODELLED["light-acc2.2"]
+    simulate(policy, world, WINDOW)
+    report = policy.report()
+    recent = report["recent_decisions"]
+    assert recent and {"plain_tok_per_s", "spec_tok_per_s", "predicted_ms", "measured_ms",
+                        "reason"} <= set(recent[0])
+    assert 0 < report["prediction_error"] < 0.1
