@@ -1,8 +1,8 @@
 #!/bin/bash
-# On a GPU machine set up with the runtime kit: train the tiny target + EAGLE-3 draft, pack them, then serve the
+# On a GPU machine with an offline sglang 0.5.17 install (the folder named by SGLANG_OFFLINE_ENV): train the tiny target + EAGLE-3 draft, pack them, then serve the
 # target with sglang (plain, and EAGLE3 with 3 steps / topk 1 / 4 draft tokens) and check that
 # EAGLE3 is lossless and accepts (test/gpu/test_tiny_pair.py). About 6-7 minutes on a fresh H200.
-#   source $KIT_DIR/setup.sh \
+#   source $SGLANG_OFFLINE_ENV/setup.sh \
 #     && python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . \
 #     && bash models/device_train_and_check.sh
 # $OUT gets tiny-pair.tar (unpack it into models/ to commit the pair), train.log, pytest.log and

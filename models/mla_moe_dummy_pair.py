@@ -5,7 +5,7 @@ EAGLE-3 draft config for it, to serve with dummy weights (``--load-format dummy`
 The shapes keep what MLA kernels specialise on (KV LoRA rank 512, RoPE head dim 64) and what
 makes the model a DeepSeek-V3 MoE (sigmoid routing with group-limited top-k, a shared expert,
 a first dense layer), at 8 layers of width 2048 so that it loads in seconds. The tokenizer
-files are copied from another model folder (the GPU kit's Llama one); prompts must use ids
+files are copied from another model folder (the GPU tests' 8B-shaped Llama one); prompts must use ids
 below that tokenizer's size.
 
     python models/mla_moe_dummy_pair.py --out <folder> --tokenizer-from <model folder>

@@ -181,6 +181,35 @@ def test_empty_speculative_result_pops_but_adds_nothing() -> None:
     assert counters.mean_accept_length == 2.0
 
 
+# ---------------------------------------------------------------- the verified step
+
+
+def test_record_result_returns_the_mode_of_the_step_it_belongs_to() -> None:
+    counters = ModeCounters()
+    counters.record_step(SPEC, 1, ran_graph=True, step=1)
+    counters.record_step(PLAIN, 2, ran_graph=True, step=2)
+    assert counters.record_result([1]) is SPEC
+    assert counters.record_result([0, 0]) is PLAIN
+    assert counters.record_result([0]) is None  # nothing pending
+
+
+def test_verified_step_names_the_step_of_the_latest_attributed_result() -> None:
+    counters = ModeCounters()
+    assert counters.verified_step == 0
+    # Overlap scheduling: steps 7 and 8 are launched before step 7's result arrives.
+    counters.record_step(SPEC, 2, ran_graph=True, step=7)
+    counters.record_step(PLAIN, 2, ran_graph=True, step=8)
+    counters.record_result([1, 1])
+    assert counters.verified_step == 7
+    counters.record_step(SPEC, 3, ran_graph=True, step=9)
+    counters.record_result([0, 0])
+    assert counters.verified_step == 8
+    counters.record_result([2, 2, 2])
+    assert counters.verified_step == 9
+    counters.record_result([5])  # a stray result: the last attributed step stays
+    assert counters.verified_step == 9
+
+
 # ---------------------------------------------------------------- snapshot and log line
 
 

@@ -12,6 +12,7 @@ from typing import List, Sequence, Tuple
 import pytest
 
 from sglang_dynamic_eagle import doctor
+from sglang_dynamic_eagle.gpu_check import NEEDS, missing_nvidia_gpu
 
 
 def _fake_torch(*capabilities):
@@ -22,7 +23,8 @@ def _fake_torch(*capabilities):
         get_device_capability=lambda i: devices[i][1],
         get_device_name=lambda i: devices[i][0],
     )
-    return SimpleNamespace(cuda=cuda)
+    return SimpleNamespace(cuda=cuda, __version__="2.11.0+cu130",
+                           version=SimpleNamespace(cuda="13.0", hip=None))
 
 
 def fatbin(entries: Sequence[Tuple[int, int]], payload: bytes = b"\0" * 16) -> bytes:
@@ -135,8 +137,22 @@ def test_package_versions_marks_missing() -> None:
     assert found == {"torch": "2.11.0", "flashinfer-python": None}
 
 
+def test_a_machine_without_an_nvidia_gpu_gets_the_launcher_s_line(tmp_path: Path) -> None:
+    code, out = run([], tmp_path, tmp_path)
+    assert code == 2 and out.splitlines()[0].startswith(NEEDS + "; found none")
+    rocm = _fake_torch((9, 0))
+    rocm.version.hip = "7.0"
+    lines: List[str] = []
+    assert doctor.doctor(rocm, tmp_path, tmp_path, out=lines.append) == 2
+    assert "ROCm build" in lines[0]
+
+
+@pytest.mark.skipif(missing_nvidia_gpu() is None, reason="this machine has an NVIDIA GPU")
 def test_console_script_runs_without_a_gpu() -> None:
     proc = subprocess.run([sys.executable, "-m", "sglang_dynamic_eagle.doctor", "doctor"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "no CUDA device visible" in proc.stdout and "installed packages:" in proc.stdout
+    first = proc.stdout.splitlines()[0]
+    # The line the launcher refuses EAGLE3_DYNAMIC with on this machine (test_startup_errors).
+    assert first == missing_nvidia_gpu() and first.startswith(NEEDS + "; ")
+    assert "installed packages:" in proc.stdout

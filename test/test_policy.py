@@ -132,6 +132,31 @@ def test_config_is_frozen() -> None:
         config.switch_patience = 1  # type: ignore[misc]
 
 
+def test_report_names_the_policy_and_its_settings() -> None:
+    policy = ThresholdPolicy(SwitchPolicyConfig(N, M, K, 64))
+    assert policy.max_speculative_batch == 64
+    assert policy.report() == {
+        "policy": "threshold",
+        "disable_batch_threshold": N,
+        "enable_batch_threshold": M,
+        "switch_patience": K,
+        "max_speculative_graph_batch": 64,
+    }
+
+
+def test_only_the_batch_size_counts() -> None:
+    """KV tokens, the queue and the requests' acceptance and remaining tokens are the
+    automatic policy's inputs; the thresholds ignore them."""
+    sizes = [1, 30, 30, 30, 30, 5, 5, 5, 5, 300, 2]
+    bare = ThresholdPolicy(SwitchPolicyConfig(N, M, K, 256))
+    full = ThresholdPolicy(SwitchPolicyConfig(N, M, K, 256))
+    for step, bs in enumerate(sizes, start=1):
+        rich = StepObservation(bs, kv_tokens=10**6, queued=500 if bs < 10 else 0,
+                               verifies=[3] * bs, accepted=[12] * bs, remaining=[1] * bs,
+                               step=step)
+        assert full.decide(rich) is bare.decide(StepObservation(bs))
+
+
 # --------------------------------------------------------------------------- hysteresis band
 
 
@@ -497,26 +522,3 @@ def test_property_band_steps_never_switch(scenario) -> None:
         return
     for i in switch_steps(initial, modes):
         assert not (m < sizes[i] <= min(n, config.max_speculative_batch)), (i, sizes[: i + 1])
-
-
-
-def test_expects_plain_only_from_plain_or_above_the_graph_limit_without_changing_state() -> None:
-    policy = make()
-
-    def expects_plain(batch_size: int) -> bool:
-        return policy._policy.expects_plain(StepObservation(batch_size))
-
-    # From speculation only above the graph limit (cap 256): leaving takes the patience.
-    assert [expects_plain(N), expects_plain(N + 1), expects_plain(257)] == [False, False, True]
-    feed(policy, [N + 1] * (K - 1))  # a streak towards plain, not complete
-    assert not expects_plain(N + 1)
-    assert feed(policy, [N + 1]) == [PLAIN]  # asking did not disturb that streak either
-    feed(policy, [M] * (K - 1))  # a streak back to speculation, not complete
-    assert [expects_plain(M), expects_plain(M + 1)] == [False, True]
-    assert feed(policy, [M]) == [SPEC]  # asking did not disturb the streak
-
-
-def test_without_a_disable_threshold_speculation_is_never_expected_to_end() -> None:
-    policy = make(n=0, m=0)
-    assert not policy._policy.expects_plain(StepObservation(200))
-    assert policy._policy.expects_plain(StepObservation(257))  # above the graph limit

@@ -11,7 +11,12 @@ from sglang_dynamic_eagle import reporting_hooks
 from sglang_dynamic_eagle.counters import ModeCounters
 from sglang_dynamic_eagle.policy import DecodeMode
 from sglang_dynamic_eagle.prefill_timing import PrefillTimer
-from sglang_dynamic_eagle.prometheus_metrics import COUNTERS, DynamicEagleMetrics, MetricsExport
+from sglang_dynamic_eagle.prometheus_metrics import (
+    COUNTERS,
+    GAUGES,
+    DynamicEagleMetrics,
+    MetricsExport,
+)
 
 LABELS = {"model_name": "m", "tp_rank": "0"}
 
@@ -73,6 +78,76 @@ def test_prefill_timings_are_exported_as_they_grow() -> None:
 
 def test_every_exported_counter_is_in_the_snapshot() -> None:
     assert set(COUNTERS) <= set(ModeCounters().snapshot()) | set(PrefillTimer().report())
+
+
+def _throughput_policy():
+    """The automatic policy on a made-up calibration where speculation (4 tokens a request at
+    most) pays up to batch 10: plain 10 + 0.05 b ms, speculative 12 + 3 b ms."""
+    from sglang_dynamic_eagle.policy.throughput import (
+        ThroughputPolicyConfig,
+        new_throughput_policy,
+    )
+
+    plain, spec = [1, 2, 4, 8, 16, 32], [1, 2, 4, 8, 16, 32]
+    return new_throughput_policy(
+        ThroughputPolicyConfig(max_speculative_batch=32, max_running_requests=32,
+                               kv_capacity_tokens=100_000, catchup_window=16),
+        {DecodeMode.PLAIN: plain, DecodeMode.SPECULATIVE: spec},
+        {DecodeMode.PLAIN: {b: 10.0 + 0.05 * b for b in plain},
+         DecodeMode.SPECULATIVE: {b: 12.0 + 3.0 * b for b in spec}},
+        {DecodeMode.PLAIN: 0.0, DecodeMode.SPECULATIVE: 0.0},
+        catchup_prior_fixed_ms=1.0,
+        max_acceptance=4.0,
+    )
+
+
+def _worker_report(policy) -> dict:
+    """DynamicEagleWorker.report() of a worker with stand-ins for its GPU parts."""
+    from sglang_dynamic_eagle.host_syncs import HostSyncCounter
+    from sglang_dynamic_eagle.observations import RequestAcceptance
+    from sglang_dynamic_eagle.trace import StepTrace
+    from sglang_dynamic_eagle.worker import DynamicEagleWorker
+
+    worker = object.__new__(DynamicEagleWorker)
+    worker.counters = counters_after([(DecodeMode.SPECULATIVE, 2), (DecodeMode.PLAIN, 8)])
+    worker._policy = policy
+    worker.queued = 3
+    worker._catchup = SimpleNamespace(
+        gpu_time=SimpleNamespace(finished=lambda: [], total_ms=0.0),
+        ring_size=1024, max_window=64, stash_bytes=2**20)
+    worker._pending_catchup_tokens = []
+    worker._trace = StepTrace(None)
+    worker._plain_graphs = SimpleNamespace(max_bs=256, capture_seconds=1.0, capture_gib=0.5)
+    worker._last_position_draft_mlp = True
+    worker._draft_prefill_choice = SimpleNamespace(caught_up=0, behind=0)
+    worker.request_acceptance = RequestAcceptance()
+    worker.prefill_timer = PrefillTimer()
+    worker.host_syncs = HostSyncCounter(enabled=False)
+    return worker.report()
+
+
+def test_every_exported_metric_is_in_the_worker_report_of_the_automatic_policy() -> None:
+    policy = _throughput_policy()
+    policy.add_verify([2, 2])
+    report = _worker_report(policy)
+    assert report["policy"] == "throughput"
+    assert set(COUNTERS) | set(GAUGES) <= set(report)
+    registry = CollectorRegistry()
+    DynamicEagleMetrics(LABELS, registry=registry).update(report, speculative=True)
+    # One verify of two requests with two drafts each: 3 tokens a request; speculation pays
+    # where 3 * (10 + 0.05 b) >= 12 + 3 b, up to b = 6: the bucket 4.
+    assert_samples(registry, {
+        "acceptance_estimate": 3.0, "crossover_batch": 4, "mean_accept_length": 3.0,
+        "speculative_steps_total": 1, "plain_steps_total": 1,
+    })
+
+
+def test_the_threshold_policy_reports_no_crossover() -> None:
+    from sglang_dynamic_eagle.policy import ThresholdPolicy, ThresholdPolicyConfig
+
+    report = _worker_report(ThresholdPolicy(ThresholdPolicyConfig(24, 16, 4, 48)))
+    assert report["policy"] == "threshold" and report["crossover_batch"] == 0
+    assert set(COUNTERS) <= set(report)
 
 
 def test_every_series_exists_before_its_first_increment() -> None:

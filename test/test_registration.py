@@ -69,6 +69,16 @@ def test_register_is_idempotent(loaded_plugins):
     assert SpeculativeAlgorithm.from_string("EAGLE3_DYNAMIC") is loaded_plugins
 
 
+def test_register_leaves_the_excepthook_alone(loaded_plugins, monkeypatch):
+    """sglang loads plugins in every process, whatever the algorithm; the one-line printing of
+    start-up refusals is installed for EAGLE3_DYNAMIC command lines only (test_startup_errors)."""
+    from sglang_dynamic_eagle import plugin
+
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    plugin.register()
+    assert sys.excepthook is sys.__excepthook__
+
+
 def test_serverargs_hooks_are_applied(loaded_plugins):
     """HookRegistry re-wraps the staticmethod/classmethod; check the result on the class."""
     from sglang.srt.server_args import ServerArgs

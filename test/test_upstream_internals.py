@@ -4,11 +4,14 @@ line. Also the token-id guard, which is one of those hooks."""
 
 from __future__ import annotations
 
+from array import array
 from types import SimpleNamespace
 
 import pytest
+from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_dynamic_eagle import request_guards, upstream_internals
+from sglang_dynamic_eagle import reporting_hooks, request_guards, upstream_internals
+from sglang_dynamic_eagle.observations import RequestAcceptance, observe
 from sglang_dynamic_eagle.upstream_internals import HOOKS, KINDS, RELIANCES, HookSpec
 
 CODE_PATHS = sorted({path for reliance in RELIANCES for path in reliance.code})
@@ -49,7 +52,7 @@ def test_a_hook_that_was_not_applied_stops_start_up(loaded_plugins, monkeypatch)
 
     target = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
     monkeypatch.setattr(
-        upstream_internals, "HOOKS", HOOKS + (HookSpec(target, never_registered, HOOKS[2].hook_type),)
+        upstream_internals, "HOOKS", HOOKS + (HookSpec(target, never_registered, HookType.AFTER),)
     )
     assert upstream_internals.missing_hooks() == [target]
     with pytest.raises(RuntimeError) as excinfo:
@@ -63,6 +66,55 @@ def test_a_hook_on_a_missing_target_is_reported(loaded_plugins, monkeypatch) -> 
     spec = HookSpec(target, request_guards.check_request_token_ids, HOOKS[0].hook_type)
     monkeypatch.setattr(upstream_internals, "HOOKS", (spec,))
     assert upstream_internals.missing_hooks() == [target]
+
+
+def test_the_queue_length_hook_is_installed_on_the_scheduler_loop() -> None:
+    [spec] = [s for s in HOOKS if s.hook is reporting_hooks.record_queue_length]
+    assert spec.target == "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
+    assert spec.hook_type == HookType.AFTER
+
+
+# --------------------------------------------------------------------------- the policy's inputs
+
+
+def test_the_queue_length_hook_gives_the_worker_the_waiting_queue() -> None:
+    worker = SimpleNamespace(queued=0)
+    scheduler = SimpleNamespace(draft_worker=worker, waiting_queue=["a", "b", "c"])
+    batch = object()
+    assert reporting_hooks.record_queue_length(batch, scheduler) is batch
+    assert worker.queued == 3
+    scheduler.waiting_queue = []
+    reporting_hooks.record_queue_length(None, scheduler)
+    assert worker.queued == 0
+
+
+def test_the_queue_length_hook_leaves_other_servers_alone() -> None:
+    eagle_worker = SimpleNamespace()  # another algorithm's worker: no queue input
+    result = object()
+    for scheduler in (SimpleNamespace(draft_worker=None, waiting_queue=[1]),
+                      SimpleNamespace(draft_worker=eagle_worker, waiting_queue=[1]),
+                      SimpleNamespace()):
+        assert reporting_hooks.record_queue_length(result, scheduler) is result
+    assert not hasattr(eagle_worker, "queued")
+
+
+def test_observe_reads_sglangs_own_requests() -> None:
+    """The fields of sglang's Req the policy's view is built from (``observations``)."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    limited = Req("a", "", array("q", [1, 2, 3]), SamplingParams(max_new_tokens=10))
+    unlimited = Req("b", "", array("q", [4]), SamplingParams(max_new_tokens=None))
+    limited.output_ids.extend([5, 6])
+    limited.kv_committed_len, unlimited.kv_committed_len = 5, 40
+    acceptance = RequestAcceptance()
+    acceptance.launched([limited])
+    acceptance.verified([2])  # requests key a weak mapping: hashable, weakly referenceable
+    observation = observe(SimpleNamespace(reqs=[limited, unlimited]), 4, acceptance, 9)
+    assert (observation.batch_size, observation.kv_tokens, observation.queued,
+            observation.step) == (2, 45, 4, 9)
+    assert list(observation.remaining) == [8, 1 << 30]
+    assert (list(observation.verifies), list(observation.accepted)) == ([1, 0], [3, 0])
 
 
 # --------------------------------------------------------------------------- token-id guard

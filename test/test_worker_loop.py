@@ -1,9 +1,13 @@
-"""The worker's decode loop on CPU, with stand-ins for the target, the plain step, the catch-up
-and the cost tracker, and the real threshold policy: which path each step took, what was
-forgotten, caught up, counted, timed and fed to the acceptance estimate."""
+"""The worker's decode loop on CPU, with stand-ins for EAGLE's own step, the plain step, the
+catch-up, the timing feed, the prefill timer and the draft prefill choice, and real policies
+(the threshold policy for the paths, the throughput policy where its inputs matter): which path
+each step took, what the policy was told, what was forgotten, caught up, counted, timed, traced
+and fed to the acceptance records."""
 
 from __future__ import annotations
 
+import json
+from collections import deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import List, Optional, Sequence, Tuple
@@ -13,18 +17,44 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-from sglang_dynamic_eagle.auto_policy import AcceptanceEstimate
 from sglang_dynamic_eagle.counters import ModeCounters
-from sglang_dynamic_eagle.deferred_draft_prefill import DeferredDraftPrefill, NoDeferral
-from sglang_dynamic_eagle.short_requests import ShortPrefill, namespace_short_request
 from sglang_dynamic_eagle.draft_catchup import CatchupPlan, batch_req_pool_indices
 from sglang_dynamic_eagle.host_syncs import HostSyncCounter
-from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy, ThresholdPolicyConfig
+from sglang_dynamic_eagle.observations import RequestAcceptance
+from sglang_dynamic_eagle.policy import (
+    DecodeMode,
+    StepObservation,
+    ThresholdPolicy,
+    ThresholdPolicyConfig,
+)
+from sglang_dynamic_eagle.policy.replay import TraceStep, load_trace
+from sglang_dynamic_eagle.policy.throughput import ThroughputPolicyConfig, new_throughput_policy
 from sglang_dynamic_eagle.spec_algo import DynamicEagleSpecAlgo
+from sglang_dynamic_eagle.step_costs import TimingFeed
+from sglang_dynamic_eagle.trace import TRACE_ENV, StepTrace
 from sglang_dynamic_eagle.worker import DynamicEagleWorker
 
 SPEC = DecodeMode.SPECULATIVE
 PLAIN = DecodeMode.PLAIN
+KV_PER_REQUEST = 100  # a request's kv_committed_len unless a test says otherwise
+
+
+def catchup_ms(tokens: int) -> float:
+    """The GPU time the stand-in catch-up reports for a catch-up of ``tokens`` positions."""
+    return 2.0 + 0.25 * tokens
+
+
+@dataclass
+class FakeGpuTime:
+    """GpuIntervals without events: every interval has completed by the next read."""
+
+    pending: List[float] = field(default_factory=list)
+    total_ms: float = 0.0
+
+    def finished(self) -> List[float]:
+        done, self.pending = self.pending, []
+        self.total_ms += sum(done)
+        return done
 
 
 @dataclass
@@ -34,9 +64,7 @@ class FakeCatchup:
     missed: dict = field(default_factory=dict)
     forgotten: List[List[int]] = field(default_factory=list)
     caught_up: List[List[int]] = field(default_factory=list)
-    gpu_time: SimpleNamespace = field(
-        default_factory=lambda: SimpleNamespace(finished=lambda: [3.0], total_ms=0.0)
-    )
+    gpu_time: FakeGpuTime = field(default_factory=FakeGpuTime)
 
     def record(self, indices: Sequence[int]) -> None:
         for index in indices:
@@ -54,6 +82,7 @@ class FakeCatchup:
             return None
         self.caught_up.append([indices[row] for row in rows])
         lengths = [self.missed.pop(indices[row]) for row in rows]
+        self.gpu_time.pending.append(catchup_ms(sum(lengths)))
         return CatchupPlan(rows=rows, lengths=lengths, truncated_tokens=0)
 
 
@@ -69,23 +98,35 @@ class FakePlainStep:
 
 
 @dataclass
-class FakeCosts:
-    table: None = None
-    steps: List[Tuple[DecodeMode, int]] = field(default_factory=list)
-    interrupts: int = 0
-    catchup_samples: List[float] = field(default_factory=list)
-    refreshes_asked: List[bool] = field(default_factory=list)
+class FakeTimings:
+    """TimingFeed's interface, recorded: (step, mode, batch size, KV tokens) per decode step."""
 
-    def step_done(self, mode: DecodeMode, batch_size: int, refresh: bool = False) -> bool:
-        self.steps.append((mode, batch_size))
-        self.refreshes_asked.append(refresh)
-        return False
+    steps: List[Tuple[int, DecodeMode, int, int]] = field(default_factory=list)
+    interrupts: int = 0
+
+    def step_done(self, step: int, mode: DecodeMode, batch_size: int, kv_tokens: int) -> None:
+        self.steps.append((step, mode, batch_size, kv_tokens))
 
     def interrupt(self) -> None:
         self.interrupts += 1
 
-    def add_catchup(self, catchup_ms: float) -> None:
-        self.catchup_samples.append(catchup_ms)
+
+class ImmediateTimer:
+    """A StepTimer stand-in (CUDA events need a GPU): every step is timed at once, at
+    ``ms_of(step)``."""
+
+    def __init__(self, ms_of) -> None:
+        self._ms_of, self._pending = ms_of, []
+
+    def step_done(self, step, mode, batch_size, kv_tokens) -> None:
+        self._pending.append(SimpleNamespace(step=step))
+
+    def finished(self):
+        done, self._pending = self._pending, []
+        return iter([(p, self._ms_of(p.step)) for p in done])
+
+    def interrupt(self) -> None:
+        pass
 
 
 @dataclass
@@ -124,11 +165,49 @@ class RecordingDraftPrefillChoice:
         self.pending = None
 
 
+class ObservedPolicy:
+    """A policy with every observation it was asked about kept (a ``DecodePolicy``)."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+        self.observations: List[StepObservation] = []
+
+    mode = property(lambda self: self.policy.mode)
+    max_speculative_batch = property(lambda self: self.policy.max_speculative_batch)
+
+    def decide(self, observation: StepObservation) -> DecodeMode:
+        self.observations.append(observation)
+        return self.policy.decide(observation)
+
+    def report(self) -> dict:
+        return self.policy.report()
+
+
+def throughput_policy():
+    """The automatic policy on a made-up calibration: a plain step costs about 10 ms whatever
+    the batch, a speculative one 12 + 3 ms per request, and up to 4 tokens per request, so
+    speculation pays at batch 1 and not at 32."""
+    plain_buckets, spec_buckets = [1, 2, 4, 8, 16, 32, 64], [1, 2, 4, 8, 16, 32]
+    return new_throughput_policy(
+        ThroughputPolicyConfig(max_speculative_batch=32, max_running_requests=64,
+                               kv_capacity_tokens=1_000_000, catchup_window=16),
+        {PLAIN: plain_buckets, SPEC: spec_buckets},
+        {PLAIN: {b: 10.0 + 0.05 * b for b in plain_buckets},
+         SPEC: {b: 12.0 + 3.0 * b for b in spec_buckets}},
+        {PLAIN: 0.0, SPEC: 0.0},
+        catchup_prior_fixed_ms=1.0,
+        max_acceptance=4.0,
+    )
+
+
 @pytest.fixture
 def worker(monkeypatch):
-    """A DynamicEagleWorker without a GPU: EAGLE's own step and verify hook are recorded."""
+    """A DynamicEagleWorker without a GPU: EAGLE's own step and verify hook are recorded; the
+    policy is the threshold policy with N = 2, M = 2, patience 1 and speculative graphs up to
+    48, its observations kept in ``worker._policy.observations``."""
     eagle_calls: List[str] = []
     verify_calls: List[int] = []
+    draft_extend_marks: List[Optional[str]] = []
 
     def eagle_step(self, batch, on_publish=None, grammar_barrier=None):
         eagle_calls.append(batch.forward_mode.name)
@@ -137,6 +216,7 @@ def worker(monkeypatch):
             self.prefill_timer.calls.append("target extend")
             on_publish("new seq lens")
             self.prefill_timer.calls.append("draft extend")
+            draft_extend_marks.append(self._draft_prefill_choice.pending)
         return SimpleNamespace(can_run_cuda_graph=True)
 
     def eagle_verify_hook(self, num_correct_drafts_per_req, batch_size=0):
@@ -144,15 +224,19 @@ def worker(monkeypatch):
 
     monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation", eagle_step)
     monkeypatch.setattr(EAGLEWorkerV2, "on_verify_complete_cpu", eagle_verify_hook)
+    monkeypatch.delenv(TRACE_ENV, raising=False)
     instance = object.__new__(DynamicEagleWorker)
     catchup = FakeCatchup()
     instance.counters = ModeCounters()
-    instance.acceptance = AcceptanceEstimate()
-    instance._policy = ThresholdPolicy(ThresholdPolicyConfig(2, 2, 1, 48))
+    instance.request_acceptance = RequestAcceptance()
+    instance.queued = 0
+    instance._policy = ObservedPolicy(ThresholdPolicy(ThresholdPolicyConfig(2, 2, 1, 48)))
     instance._catchup = catchup
     instance._plain_step = FakePlainStep(catchup)
-    instance._deferral = NoDeferral()
-    instance._costs = FakeCosts()
+    instance._timings = FakeTimings()
+    instance._trace = StepTrace.from_environment()
+    instance._decode_step = 0
+    instance._pending_catchup_tokens = deque()
     instance.prefill_timer = FakePrefillTimer()
     instance._draft_prefill_choice = RecordingDraftPrefillChoice()
     instance.host_syncs = HostSyncCounter(enabled=False)
@@ -161,34 +245,36 @@ def worker(monkeypatch):
     instance._last_step_plain = False
     instance.eagle_calls = eagle_calls
     instance.verify_calls = verify_calls
+    instance.draft_extend_marks = draft_extend_marks
     return instance
 
 
-# The requests of one test by slot (sglang's Req objects persist across batches) and the
-# slots whose requests have finished.
+class FakeReq:
+    """Stands for sglang's Req: the fields the worker reads, hashed by identity and weakly
+    referenceable like the real one (the acceptance records are a weak mapping keyed by it)."""
+
+    def __init__(self, slot: int, kv_committed_len: int, max_new_tokens: Optional[int],
+                 output_len: int) -> None:
+        self.req_pool_idx = slot
+        self.kv_committed_len = kv_committed_len
+        self.sampling_params = SimpleNamespace(max_new_tokens=max_new_tokens)
+        self.output_ids = [7] * output_len
+
+
+# The requests of one test by slot: sglang's Req objects persist across batches.
 REQUESTS: dict = {}
-FINISHED: set = set()
 
 
 @pytest.fixture(autouse=True)
 def fresh_requests():
     REQUESTS.clear()
-    FINISHED.clear()
 
 
-DYNAMIC_SCHEDULER = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE3_DYNAMIC"))
-
-
-def request_in(slot: int, max_new_tokens: int = 128, namespaced: bool = True) -> SimpleNamespace:
-    """The slot's request; a new one is namespaced as the scheduler's hook does it, unless
-    ``namespaced`` is False (a request whose length sglang capped after the hook ran)."""
+def request_in(slot: int, kv: int = KV_PER_REQUEST, max_new_tokens: Optional[int] = 128,
+               output_len: int = 0) -> FakeReq:
+    """The slot's request (made with these fields on first use)."""
     if slot not in REQUESTS:
-        request = SimpleNamespace(req_pool_idx=slot, finished=lambda: slot in FINISHED,
-                                  sampling_params=SimpleNamespace(max_new_tokens=max_new_tokens),
-                                  extra_key=None)
-        if namespaced:
-            namespace_short_request(None, DYNAMIC_SCHEDULER, request)
-        REQUESTS[slot] = request
+        REQUESTS[slot] = FakeReq(slot, kv, max_new_tokens, output_len)
     return REQUESTS[slot]
 
 
@@ -211,9 +297,16 @@ def decode(worker, slots: Sequence[int]) -> None:
     worker.forward_batch_generation(make_batch(ForwardMode.DECODE, slots))
 
 
+def prefill(worker, slots: Sequence[int], on_publish=None) -> None:
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, slots), on_publish)
+
+
+# --------------------------------------------------------------------------- paths
+
+
 def test_batch_sizes_1_40_1_take_each_path_and_catch_up(worker) -> None:
     decode(worker, [0])  # speculative
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, range(1, 40)))
+    prefill(worker, range(1, 40))
     assert worker._catchup.forgotten == [list(range(1, 40))]
     for _ in range(3):
         decode(worker, range(40))  # above N = 2: plain
@@ -227,26 +320,40 @@ def test_batch_sizes_1_40_1_take_each_path_and_catch_up(worker) -> None:
     assert (counters.switches_to_plain, counters.switches_to_speculative) == (1, 1)
     assert (counters.catchup_forwards, counters.catchup_tokens) == (1, 3)
     assert (counters.max_plain_batch, counters.max_speculative_batch) == (40, 1)
-    assert worker._costs.steps == [(SPEC, 1), (PLAIN, 40), (PLAIN, 40), (PLAIN, 40), (SPEC, 1)]
+    kv_40 = 40 * KV_PER_REQUEST
+    assert worker._timings.steps == [
+        (1, SPEC, 1, KV_PER_REQUEST), (2, PLAIN, 40, kv_40), (3, PLAIN, 40, kv_40),
+        (4, PLAIN, 40, kv_40), (5, SPEC, 1, KV_PER_REQUEST),
+    ]
     # The prefill and the catch-up both break the run of step timings.
-    assert worker._costs.interrupts == 2
-    assert worker._costs.catchup_samples == [3.0] * 5
+    assert worker._timings.interrupts == 2
+    # The catch-up's GPU time was read back in the step that launched it.
+    assert not worker._pending_catchup_tokens and worker._catchup.gpu_time.total_ms == catchup_ms(3)
 
 
 def test_prefill_forgets_what_plain_steps_left_to_catch_up(worker) -> None:
     decode(worker, [0, 1, 2])
     decode(worker, [0, 1, 2])  # plain
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [1]))  # slot 1 re-prefilled
+    prefill(worker, [1])  # slot 1 re-prefilled
     decode(worker, [0, 1])  # speculative: only slot 0 still misses draft KV
     assert worker._catchup.caught_up == [[0]]
     assert worker.counters.catchup_tokens == 2
 
 
+def test_a_prefill_takes_eagles_path_in_either_mode(worker) -> None:
+    prefill(worker, [0])
+    decode(worker, [0, 1, 2])  # plain
+    prefill(worker, [3, 4])
+    worker.forward_batch_generation(make_batch(ForwardMode.MIXED, [5]))
+    assert worker.eagle_calls == ["EXTEND", "EXTEND", "MIXED"]
+    assert worker._plain_step.runs == [3]
+    assert worker.counters.plain_steps == 1 and worker.counters.speculative_steps == 0
+
+
 @pytest.mark.parametrize("scheduler_publishes", [True, False], ids=["overlap", "non-overlap"])
 def test_a_prefill_is_timed_in_two_parts_and_published_once(worker, scheduler_publishes) -> None:
     published: List[str] = []
-    on_publish = published.append if scheduler_publishes else None
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [1, 2]), on_publish)
+    prefill(worker, [1, 2], published.append if scheduler_publishes else None)
     assert worker.prefill_timer.calls == [
         "harvest", "start 20", "target extend", "target done", "draft extend", "stop"
     ]
@@ -260,40 +367,42 @@ def test_decode_steps_are_not_timed_as_prefills(worker) -> None:
     assert worker.prefill_timer.calls == []
 
 
+def test_each_prefills_draft_extend_reads_its_own_target_end_and_no_later_forward_does(
+    worker,
+) -> None:
+    prefill(worker, [0])
+    decode(worker, [0, 1, 2])  # plain
+    prefill(worker, [3, 4])
+    decode(worker, [0])  # speculative, after a catch-up (a draft forward without a mark)
+    # harvest, start, target extend, target done: the 4th call; the second prefill's the 10th.
+    assert worker.draft_extend_marks == ["target end 4", "target end 10"]
+    assert worker._draft_prefill_choice.marks == ["target end 4", "target end 10"]
+    assert worker._catchup.caught_up == [[0]]
+    assert worker._draft_prefill_choice.pending is None  # unread marks do not reach a catch-up
+
+
 def test_idle_batches_take_eagles_path_and_break_timing(worker) -> None:
     worker.forward_batch_generation(make_batch(ForwardMode.IDLE, []))
     assert worker.eagle_calls == ["IDLE"]
-    assert worker._costs.steps == [] and worker._costs.interrupts == 1
+    assert worker._timings.steps == [] and worker._timings.interrupts == 1
     assert worker.counters.speculative_steps == worker.counters.plain_steps == 0
+    assert worker._policy.observations == []
 
 
 def test_war_barrier_runner_follows_the_last_step(worker) -> None:
-    target_runner = object()
+    target_runner, draft_runner = object(), object()
     worker._target_worker = SimpleNamespace(model_runner=target_runner)
-    decode(worker, [0, 1, 2])
+    worker._draft_worker = SimpleNamespace(draft_runner=draft_runner)
+    decode(worker, [0])
+    assert not worker._last_step_plain and worker.war_fastpath_runner is draft_runner
     decode(worker, [0, 1, 2])
     assert worker._last_step_plain and worker.war_fastpath_runner is target_runner
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3]))
-    assert not worker._last_step_plain
-
-
-def test_verify_results_feed_acceptance_only_for_speculative_steps(worker) -> None:
-    decode(worker, [0])  # speculative
-    decode(worker, [0, 1])  # speculative (N = 2)
-    decode(worker, [0, 1, 2])  # plain
-    worker.on_verify_complete_cpu([2])
-    assert worker.acceptance.value == pytest.approx(3.0)
-    worker.on_verify_complete_cpu([1, 0])
-    estimate = worker.acceptance.value
-    assert 1.5 < estimate < 3.0
-    worker.on_verify_complete_cpu([0, 0, 0])  # the plain step's result
-    assert worker.counters.speculative_verified_requests == 3
-    assert worker.counters.speculative_accepted_tokens == 3 + 3
-    assert worker.verify_calls == [1, 2, 3]  # EAGLE's own hook still sees every result
-    assert worker.acceptance.value == estimate
+    prefill(worker, [3])
+    assert not worker._last_step_plain and worker.war_fastpath_runner is draft_runner
 
 
 def test_mode_property_reports_the_latest_step(worker) -> None:
+    assert worker.mode is SPEC  # before any decode step
     decode(worker, [0])
     assert worker.mode is SPEC
     decode(worker, range(10))
@@ -306,214 +415,134 @@ def test_grammar_batches_run_without_overlap() -> None:
     assert DynamicEagleSpecAlgo.supports_grammar_overlap(object.__new__(DynamicEagleSpecAlgo)) is False
 
 
-def test_the_cost_table_is_refreshed_when_the_policy_asks(worker) -> None:
-    """A probe's last step asks for a refresh, so the next decision reads what it measured."""
-    asks = iter([False, True, False])
-    worker._policy.wants_fresh_costs = lambda: next(asks)
-    for _ in range(3):
-        decode(worker, [1])
-    assert worker._costs.refreshes_asked == [False, True, False]
+# --------------------------------------------------------------------------- what the policy sees
 
 
-class RecordingDeferral(DeferredDraftPrefill):
-    """The deferral's decisions, with a run that records the prefills it was given and
-    publishes like the target half of EAGLE's prefill."""
-
-    def __init__(self, timer: FakePrefillTimer, window: int = 64,
-                 short_prefill: ShortPrefill = ShortPrefill.SEPARATE_CACHE) -> None:
-        super().__init__(target_worker=None, catchup=None, plain_step=None, window=window,
-                         short_prefill=short_prefill)
-        self.timer = timer
-        self.ran: List[List[int]] = []
-        self.windows: List[int] = []
-
-    def run(self, batch, on_publish, window):
-        self.timer.calls.append("target extend")
-        on_publish("new seq lens")
-        self.ran.append(batch_req_pool_indices(batch))
-        self.windows.append(window)
-        return SimpleNamespace(can_run_cuda_graph=False)
-
-
-def test_with_deferral_a_prefill_in_plain_mode_runs_the_target_alone(worker) -> None:
-    deferred = RecordingDeferral(worker.prefill_timer)
-    worker._deferral = deferred
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [0]))  # before any decode
-    decode(worker, [0, 1, 2])  # above N = 2 with patience 1: plain
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3, 4]))
-    worker.forward_batch_generation(make_batch(ForwardMode.MIXED, [5]))
-    assert deferred.ran == [[3, 4]]
-    assert worker.eagle_calls == ["EXTEND", "MIXED"]
-    eagle_prefill = ["target extend", "target done", "draft extend", "stop"]
-    assert worker.prefill_timer.calls == (
-        ["harvest", "start 10"] + eagle_prefill
-        + ["harvest", "start 20", "target extend", "target done", "stop"]
-        + ["harvest", "start 10"] + eagle_prefill
-    )
-
-
-def test_only_a_prefill_whose_draft_extend_follows_marks_the_target_end(worker) -> None:
-    """The draft layer chooses from the mark of the prefill it runs in; a deferred prefill
-    runs no draft, and a mark it left would be read by the next catch-up."""
-    worker._deferral = RecordingDeferral(worker.prefill_timer)
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [0]))  # EAGLE's prefill
-    decode(worker, [0, 1, 2])  # plain
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3, 4]))  # deferred
-    assert worker._draft_prefill_choice.marks == ["target end 4"]
-    assert worker._draft_prefill_choice.pending is None  # unread marks do not reach a catch-up
-
-
-def test_without_deferral_a_prefill_in_plain_mode_takes_eagles_path(worker) -> None:
+def test_the_observation_carries_kv_tokens_queue_and_remaining_tokens(worker) -> None:
+    request_in(0, kv=120, max_new_tokens=50, output_len=10)
+    request_in(1, kv=300, max_new_tokens=None)  # no limit
+    request_in(2, kv=7, max_new_tokens=4, output_len=4)  # its last token: at least 1
+    worker.queued = 5
     decode(worker, [0, 1, 2])
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3, 4]))
-    assert worker.eagle_calls == ["EXTEND"]
+    [observation] = worker._policy.observations
+    assert (observation.batch_size, observation.kv_tokens, observation.queued) == (3, 427, 5)
+    assert list(observation.remaining) == [40, 1 << 30, 1]
+    assert (list(observation.verifies), list(observation.accepted)) == ([0, 0, 0], [0, 0, 0])
+    assert worker._timings.steps == [(1, PLAIN, 3, 427)]
 
 
-def test_a_prefill_that_joins_a_batch_small_enough_to_speculate_is_not_deferred(worker) -> None:
-    deferred = RecordingDeferral(worker.prefill_timer)
-    worker._deferral = deferred
-    worker._policy = ThresholdPolicy(ThresholdPolicyConfig(2, 2, 2, 48))
-    for _ in range(2):
-        decode(worker, [0, 1, 2])  # plain after a patience of 2
-    decode(worker, [0])  # one step of the streak back: still plain
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3]))  # joins 1: 2 <= M
-    decode(worker, [0, 1, 2, 4])  # the streak breaks
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [5]))  # joins 4: 5 > M
-    assert deferred.ran == [[5]]
-
-
-def test_the_joined_batch_counts_prefills_since_the_last_decode_and_not_finished_requests(
-    worker,
-) -> None:
-    deferred = RecordingDeferral(worker.prefill_timer)
-    worker._deferral = deferred
-    decode(worker, [0, 1, 2])  # plain
-    FINISHED.update({0, 1, 2})
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3]))  # 1 <= M = 2
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [4, 5]))  # 3 > M
-    assert deferred.ran == [[4, 5]]
-
-
-def test_from_speculation_only_a_batch_above_the_graph_limit_defers(worker) -> None:
-    deferred = RecordingDeferral(worker.prefill_timer)
-    worker._deferral = deferred
-    decode(worker, [0])  # speculative
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, range(1, 11)))  # 11 > N
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, range(11, 51)))  # 51 > 48
-    assert deferred.ran == [list(range(11, 51))]
-
-
-def test_while_speculating_a_prefill_of_requests_that_decode_once_defers_and_stashes_nothing(
-    worker,
-) -> None:
-    deferred = RecordingDeferral(worker.prefill_timer)
-    worker._deferral = deferred
-    decode(worker, [0])  # speculative
-    for slot, max_new_tokens in ((1, 2), (2, 1), (3, 3)):
-        request_in(slot, max_new_tokens)
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [1, 2]))
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [2, 3]))
-    worker.forward_batch_generation(make_batch(ForwardMode.MIXED, [1]))
-    assert (deferred.ran, deferred.windows) == ([[1, 2]], [0])
-
-
-@pytest.mark.parametrize("short_prefill, deferred_slots", [
-    (ShortPrefill.SEPARATE_CACHE, [[1, 2]]),
-    (ShortPrefill.SHARED_CACHE, [[1, 2], [4]]),
-    (ShortPrefill.WITH_DRAFT, []),
-], ids=lambda value: getattr(value, "value", None))
-def test_which_prefills_of_short_requests_skip_the_draft(worker, short_prefill, deferred_slots
-                                                          ) -> None:
-    """With the separate cache the key decides: slot 4 asks for two tokens but was not put
-    into the short requests' namespace (sglang capped its length after the hook), so its
-    prefix may be shared with a request that speculates and its prefill keeps the draft."""
-    deferred = RecordingDeferral(worker.prefill_timer, window=0, short_prefill=short_prefill)
-    worker._deferral = deferred
-    decode(worker, [0])  # speculative
-    request_in(1, 2)
-    request_in(2, 1)
-    request_in(4, 2, namespaced=False)
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [1, 2]))
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [4]))
-    assert deferred.ran == deferred_slots
-    assert deferred.windows == [0] * len(deferred_slots)
-
-
-def test_without_a_window_a_prefill_in_plain_mode_of_long_requests_keeps_the_draft(worker
-                                                                                     ) -> None:
-    deferred = RecordingDeferral(worker.prefill_timer, window=0)
-    worker._deferral = deferred
-    decode(worker, [0, 1, 2])  # plain
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3, 4]))
-    assert deferred.ran == [] and worker.eagle_calls == ["EXTEND"]
-
-
-def test_stub_proposals_stay_out_of_the_acceptance_estimate(worker) -> None:
-    """Slot 1 asked for two tokens, its prefill stashed nothing: in the speculative step that
-    follows it proposes from the stub, and only slot 0's verification is an acceptance."""
-    worker._deferral = RecordingDeferral(worker.prefill_timer)
-    decode(worker, [0])  # speculative
-    request_in(1, max_new_tokens=2)
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [1]))
-    decode(worker, [0, 1])
-    worker.on_verify_complete_cpu([3])  # the first step's result
-    worker.on_verify_complete_cpu([3, 0])
-    assert worker.acceptance.value == pytest.approx(4.0)
-    assert worker.counters.speculative_verified_requests == 3
-
-
-@pytest.mark.parametrize("deferral", [False, True], ids=["without deferral", "with deferral"])
-def test_a_batch_of_requests_that_finish_in_this_step_decodes_plainly(worker, deferral) -> None:
-    asked = []
-    decide = worker._policy.decide
-    worker._policy.decide = lambda observation: asked.append(observation.batch_size) or decide(
-        observation)
-    if deferral:
-        worker._deferral = RecordingDeferral(worker.prefill_timer)
-    for slot, max_new_tokens in ((0, 2), (1, 1), (2, 3)):
-        request_in(slot, max_new_tokens)
-    decode(worker, [0, 1])  # speculation cannot shorten either: plain, policy not asked
-    decode(worker, [0, 2])  # slot 2 has more to decode: the policy's speculation
-    assert worker._plain_step.runs == [2]
-    assert worker.counters.plain_steps == 1 and worker.counters.speculative_steps == 1
-    assert asked == [2]
-
-
-def test_a_step_the_policy_did_not_decide_asks_no_cost_refresh(worker) -> None:
-    """The policy's ask for fresh costs stands until its next decision: steps it does not
-    decide must not refresh the cost table each time."""
-    worker._policy.wants_fresh_costs = lambda: True
-    request_in(0, max_new_tokens=2)
+def test_decode_steps_are_numbered_and_every_record_carries_the_number(worker) -> None:
     decode(worker, [0])
-    decode(worker, [1])
-    assert worker._costs.refreshes_asked == [False, True]
+    prefill(worker, [1])
+    worker.forward_batch_generation(make_batch(ForwardMode.IDLE, []))
+    decode(worker, [0, 1, 2])
+    decode(worker, [0, 1])
+    assert [o.step for o in worker._policy.observations] == [1, 2, 3]
+    assert [s[0] for s in worker._timings.steps] == [1, 2, 3]
+    verified = []
+    for result in ([1], [0, 0, 0], [0, 0]):
+        worker.on_verify_complete_cpu(result)
+        verified.append(worker.counters.verified_step)
+    assert verified == [1, 2, 3]
 
 
-def test_a_prefill_in_plain_mode_stashes_the_window(worker) -> None:
-    deferred = RecordingDeferral(worker.prefill_timer)
-    worker._deferral = deferred
+def test_per_request_acceptance_comes_from_speculative_results_only(worker) -> None:
+    decode(worker, [0])  # speculative
+    decode(worker, [0, 1])  # speculative (N = 2), launched before the first result
     decode(worker, [0, 1, 2])  # plain
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [3, 4]))
-    assert deferred.windows == [64]
+    worker.on_verify_complete_cpu([2])  # slot 0: 1 verify, 3 tokens
+    worker.on_verify_complete_cpu([1, 0])  # slot 0: 2 verifies, 5 tokens; slot 1: 1, 1
+    worker.on_verify_complete_cpu([3, 3, 3])  # the plain step's result: no acceptance
+    decode(worker, [0, 1, 2])
+    observation = worker._policy.observations[-1]
+    assert list(observation.verifies) == [2, 1, 0]
+    assert list(observation.accepted) == [5, 1, 0]
+    assert worker.counters.speculative_verified_requests == 3
+    assert worker.counters.speculative_accepted_tokens == 3 + 3
+    assert worker.verify_calls == [1, 2, 3]  # EAGLE's own hook still sees every result
+    assert worker.request_acceptance.mismatched == 0
 
 
-def test_the_policy_is_asked_with_the_measured_costs_and_acceptance(worker) -> None:
-    asked = []
-    policy = worker._policy
+# --------------------------------------------------------------------------- the throughput policy
 
-    class AskedPolicy:
-        mode = property(lambda self: policy.mode)
-        decide = staticmethod(policy.decide)
 
-        def expects_plain(self, observation):
-            asked.append(observation)
-            return False
+def test_the_queue_and_the_remaining_tokens_reach_the_throughput_policy(worker) -> None:
+    """At batch 1 speculation pays; with 31 requests queued the batch heads for 32, where it
+    does not (a burst leaves speculation at its first step); and a request with one token
+    left gains nothing from speculating."""
+    worker._policy = ObservedPolicy(throughput_policy())
+    decode(worker, [0])
+    worker.queued = 31
+    decode(worker, [0])
+    worker.queued = 0
+    decode(worker, [0])  # back to speculation, after a catch-up of slot 0's plain step
+    request_in(1, max_new_tokens=20, output_len=19)
+    decode(worker, [1])
+    assert [o.queued for o in worker._policy.observations] == [0, 31, 0, 0]
+    assert [s[1] for s in worker._timings.steps] == [SPEC, PLAIN, SPEC, PLAIN]
+    assert worker._catchup.caught_up == [[0]]
+    reasons = [d.reason for d in worker._policy.policy._recent]
+    assert reasons == ["stay", "predicted gain", "predicted gain", "predicted gain"]
 
-    worker._policy = AskedPolicy()
-    worker._deferral = RecordingDeferral(worker.prefill_timer)
-    worker._costs.table = "the cost table"
-    worker.acceptance.add_step([2, 2], 1)
-    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [0, 1]))
-    [observation] = asked
-    assert (observation.batch_size, observation.costs) == (2, "the cost table")
-    assert observation.acceptance == worker.acceptance.value is not None
+
+def test_verifies_catchups_and_step_times_reach_the_throughput_policy(worker) -> None:
+    policy = throughput_policy()
+    worker._policy = policy
+    catchups = []
+    add_catchup = policy.add_catchup
+    policy.add_catchup = lambda tokens, ms: catchups.append((tokens, ms)) or add_catchup(tokens, ms)
+    worker._timings = TimingFeed(list, worker._on_step_time, feed_steps=2)
+    worker._timings._timer = ImmediateTimer(lambda step: 10.0 + step)
+
+    decode(worker, [0])  # step 1: speculative
+    worker.queued = 31
+    decode(worker, [0])  # step 2: plain (the burst)
+    worker.on_verify_complete_cpu([2])  # step 1's result: 3 tokens
+    assert policy.acceptance.server_mean == pytest.approx(3.0)
+    worker.on_verify_complete_cpu([3])  # step 2's (plain) result: not an acceptance
+    assert policy.acceptance.server_mean == pytest.approx(3.0)
+    worker.queued = 0
+    decode(worker, [0])  # step 3: speculative, after catching up slot 0's one plain position
+    assert catchups == [(1, catchup_ms(1))]
+    decode(worker, [0])  # step 4: steps [0, 2) are handed over
+    decode(worker, [0])
+    decode(worker, [0])  # step 6: steps [2, 4)
+    # /server_info lists the decisions whose time came back, then the latest one.
+    measured = {d["step"]: d["measured_ms"] for d in policy.report()["recent_decisions"]}
+    assert measured == {1: 11.0, 2: 12.0, 3: 13.0, 6: None}
+
+
+# --------------------------------------------------------------------------- the trace
+
+
+def test_the_trace_records_steps_times_verifies_and_catchups(worker, tmp_path, monkeypatch
+                                                              ) -> None:
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(TRACE_ENV, str(path))
+    worker._trace = StepTrace.from_environment()
+    decode(worker, [0])  # step 1: speculative
+    worker.queued = 4
+    decode(worker, [0, 1, 2])  # step 2: plain
+    worker.on_verify_complete_cpu([2])  # step 1's result: 3 tokens
+    worker.on_verify_complete_cpu([1, 1, 1])  # step 2's: plain, not traced
+    worker._on_step_time(2, PLAIN, 3, 3 * KV_PER_REQUEST, 4.5)
+    worker.queued = 0
+    decode(worker, [0])  # step 3: speculative, after catching up one position
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["k"] for r in records] == ["step", "step", "verify", "time", "step", "catchup"]
+    assert records[1] == {**records[1], "step": 2, "mode": "plain", "b": 3, "kv": 300, "q": 4}
+    assert records[2] == {"k": "verify", "step": 1, "tokens": 3, "requests": 1}
+    assert records[5] == {**records[5], "tokens": 1, "ms": catchup_ms(1)}
+    assert load_trace(path) == [
+        TraceStep(batch=1, kv_tokens=100, queued=0, mode=SPEC, spec_tokens=3),
+        TraceStep(batch=3, kv_tokens=300, queued=4, mode=PLAIN, ms=4.5),
+        TraceStep(batch=1, kv_tokens=100, queued=0, mode=SPEC),
+    ]
+
+
+def test_without_the_variable_nothing_is_traced(worker, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert not worker._trace.enabled
+    decode(worker, [0])
+    worker.on_verify_complete_cpu([1])
+    assert list(tmp_path.iterdir()) == []

@@ -10,7 +10,7 @@ SPECIAL_TOKENS = ["<pad>", "<s>", "</s>"]
 AUX_LAYER_IDS = (0, 1, 2)
 HELDOUT_MODULO = 20  # a file is held out when sha1(relative path) % 20 == 0 (5% of files)
 # Both models' safetensors together: the committed pair stays small enough to ship inside the
-# repository and to copy with a checkout next to the 58 MB GPU runtime kit (well under 8 MB).
+# repository and to copy with a checkout next to a 58 MB offline sglang install (well under 8 MB).
 MAX_WEIGHT_BYTES = 5_000_000
 
 

@@ -5,7 +5,8 @@ which sgl_kernel build sglang loads for it and whether that shared object carrie
 (SASS) for it, read from the CUDA fat binaries inside the file; what this package was run with
 on that architecture; the flags to use there. Then flashinfer's JIT cache and the installed
 versions of the packages that matter. Exit status: 0 every device is supported and has machine
-code, 1 some device is not, 2 no CUDA device (or no torch).
+code, 1 some device is not, 2 no NVIDIA GPU (or no torch): then the first line is the one the
+launcher refuses EAGLE3_DYNAMIC with on such a machine (``gpu_check``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from sglang_dynamic_eagle import __version__
+from sglang_dynamic_eagle.gpu_check import missing_nvidia_gpu
 
 Capability = Tuple[int, int]
 
@@ -132,9 +136,10 @@ def device_report(
     torch_module, package_dir: Optional[Path]
 ) -> Tuple[int, List[str]]:
     """(exit status, report lines) for the CUDA devices ``torch_module`` sees."""
+    missing = missing_nvidia_gpu(torch_module)
+    if missing is not None:
+        return 2, [missing]
     cuda = torch_module.cuda
-    if not cuda.is_available() or cuda.device_count() == 0:
-        return 2, ["no CUDA device visible (torch.cuda.is_available() is False)"]
     status, lines = 0, []
     for index in range(cuda.device_count()):
         capability = tuple(cuda.get_device_capability(index))
@@ -163,7 +168,7 @@ def doctor(torch_module=None, package_dir: Optional[Path] = None, home: Optional
         try:
             import torch as torch_module
         except ImportError:
-            out("torch is not installed")
+            out(missing_nvidia_gpu(None))
             return 2
     status, lines = device_report(torch_module, package_dir or find_sgl_kernel())
     lines.append(flashinfer_cache_line(home or Path.home()))
@@ -176,6 +181,7 @@ def doctor(torch_module=None, package_dir: Optional[Path] = None, home: Optional
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="sglang-dynamic-eagle")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("doctor", help=__doc__.splitlines()[0].split(": ", 1)[1])
     parser.parse_args(argv)

@@ -3,7 +3,7 @@
 Flags (only used with ``--speculative-algorithm EAGLE3_DYNAMIC``):
 
 * ``--speculative-disable-batch-threshold auto|N`` (default ``auto``): ``auto`` decides every
-  decode step from the measured step costs and acceptance (``auto_policy``). A number N uses
+  decode step from the measured step costs and acceptance (``policy.throughput``). A number N uses
   fixed thresholds instead: speculation turns off when the running decode batch is larger than
   N for K consecutive decode steps; 0 = always speculate (except above the largest speculative
   CUDA-graph batch).
@@ -11,7 +11,7 @@ Flags (only used with ``--speculative-algorithm EAGLE3_DYNAMIC``):
   only when the batch is at most M for K consecutive decode steps; M <= N. When N is given and
   M is not, M = max(1, min(16, 2*N // 3)).
 * ``--speculative-switch-patience K`` (default 4, >= 1): consecutive qualifying decode steps
-  before the mode changes, in both policies.
+  before the mode changes, with fixed thresholds.
 
 The values are not ``ServerArgs`` fields (``ServerArgs.from_cli_args`` copies dataclass
 fields only), so they travel in the environment instead:
@@ -53,7 +53,8 @@ from sglang_dynamic_eagle.policy import (
     PATIENCE_FLAG,
     check_int_at_least,
 )
-from sglang_dynamic_eagle.startup_errors import StartupError
+from sglang_dynamic_eagle.gpu_check import missing_nvidia_gpu
+from sglang_dynamic_eagle.startup_errors import StartupError, install_excepthook
 from sglang_dynamic_eagle.unsupported import unsupported_reason
 
 logger = logging.getLogger(__name__)
@@ -177,8 +178,8 @@ FLAG_SPECS: Tuple[FlagSpec, ...] = (
         metavar="K",
         check=partial(_check_value, PATIENCE_FLAG, minimum=1),
         help=(
-            "Consecutive decode steps that must qualify before the mode switches, with either "
-            f"policy (>= 1). Default: {DEFAULT_SWITCH_PATIENCE}."
+            "With a numeric N: consecutive decode steps that must qualify before the mode "
+            f"switches (>= 1). Default: {DEFAULT_SWITCH_PATIENCE}."
         ),
     ),
 )
@@ -287,10 +288,24 @@ def after_add_cli_args(result, parser, *args, **kwargs):
     return result
 
 
+def selects_algorithm(args) -> bool:
+    """Whether parsed arguments (or ServerArgs) select ``--speculative-algorithm EAGLE3_DYNAMIC``."""
+    return (getattr(args, "speculative_algorithm", None) or "").upper() == ALGORITHM_NAME
+
+
 def around_from_cli_args(original_fn, cls, args, *rest, **kwargs):
     """HookRegistry AROUND hook on ``ServerArgs.from_cli_args`` (a classmethod: the hook gets
-    ``(original_fn, cls, args)``)."""
+    ``(original_fn, cls, args)``).
+
+    A command line that selects EAGLE3_DYNAMIC (or gives one of its flags) gets the one-line
+    printing of :class:`StartupError` (``startup_errors.install_excepthook``) and, with
+    EAGLE3_DYNAMIC, :func:`refuse_before_resolution`; any other command line is left as sglang
+    handles it."""
     global _last_exported
+    algorithm = getattr(args, "speculative_algorithm", None)
+    selected = selects_algorithm(args)
+    if selected or _flags_given(args):
+        install_excepthook()
     try:
         flags = flags_from_namespace(args)
     except ValueError as error:
@@ -300,8 +315,7 @@ def around_from_cli_args(original_fn, cls, args, *rest, **kwargs):
         logger.warning(
             "%s=%s is overridden by the command line (%s).", ENV_VAR, previous, flags.to_json()
         )
-    algorithm = getattr(args, "speculative_algorithm", None)
-    if _flags_given(args) and (algorithm or "").upper() != ALGORITHM_NAME:
+    if _flags_given(args) and not selected:
         logger.warning(
             "%s/%s/%s only apply with --speculative-algorithm %s; ignored with %s.",
             DISABLE_FLAG,
@@ -312,6 +326,8 @@ def around_from_cli_args(original_fn, cls, args, *rest, **kwargs):
         )
     export_flags(flags)
     _last_exported = os.environ[ENV_VAR]
+    if selected:
+        refuse_before_resolution(args)
     return original_fn(cls, args, *rest, **kwargs)
 
 
@@ -323,10 +339,10 @@ def around_from_cli_args(original_fn, cls, args, *rest, **kwargs):
 def validate_server_args(server_args) -> None:
     """Refuse EAGLE3_DYNAMIC configurations that cannot work, before any GPU work.
 
-    Called by sglang's ``handle_speculative_decoding`` (inside ``ServerArgs.__post_init__``)
-    for custom algorithms, before the EAGLE defaults for steps/topk/draft tokens are
-    applied (they may still be None here). Raises ``StartupError`` with a one-line message
-    that names the flag and the fix.
+    Called on the parsed command line by :func:`refuse_before_resolution`, and by sglang's
+    ``handle_speculative_decoding`` (inside ``ServerArgs.__post_init__``) for custom algorithms,
+    before the EAGLE defaults for steps/topk/draft tokens are applied (they may still be None
+    here). Raises ``StartupError`` with a one-line message that names the flag and the fix.
     """
     flags = current_flags()  # raises for a malformed ENV_VAR
     n, m = flags.disable_batch_threshold, flags.enable_batch_threshold
@@ -351,3 +367,26 @@ def validate_server_args(server_args) -> None:
     reason = unsupported_reason(server_args)
     if reason is not None:
         raise StartupError(reason)
+
+
+def refuse_before_resolution(args) -> None:
+    """Every refusal of this package, on the parsed command line, then the GPU check: before
+    sglang builds ``ServerArgs``.
+
+    sglang's ``ServerArgs.__post_init__`` resolves the device first (on a machine without an
+    accelerator it fails there, with two chained tracebacks) and calls the algorithm's
+    validation later, so without this a missing draft path on such a machine never showed. The
+    same validation runs again inside ``__post_init__`` on the resolved values. The GPU check
+    applies where sglang would look for CUDA (``--device`` unset or ``cuda``); an explicit
+    other device (the CPU tests resolve arguments with ``--device cpu``) is left to sglang.
+    """
+    validate_server_args(args)
+    # Imported here: spec_algo imports this module (the plugin has loaded both by now).
+    from sglang_dynamic_eagle.spec_algo import check_environment
+
+    check_environment()
+    device = getattr(args, "device", None)
+    if device is None or str(device).startswith("cuda"):
+        reason = missing_nvidia_gpu()
+        if reason is not None:
+            raise StartupError(reason)

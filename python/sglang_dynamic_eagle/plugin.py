@@ -14,7 +14,6 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import get_spec
 
 from sglang_dynamic_eagle import flags, upstream_internals
-from sglang_dynamic_eagle.startup_errors import install_excepthook
 from sglang_dynamic_eagle.spec_algo import ALGORITHM_NAME, DynamicEagleSpecAlgo
 
 if TYPE_CHECKING:
@@ -38,8 +37,11 @@ def _validate_server_args(server_args: ServerArgs) -> None:
 
 
 def register() -> None:
-    """Register EAGLE3_DYNAMIC, its flags and its hooks. Idempotent."""
-    install_excepthook()
+    """Register EAGLE3_DYNAMIC, its flags and its hooks. Idempotent.
+
+    It leaves ``sys.excepthook`` alone: the one-line printing of start-up refusals is installed
+    by the launcher hook, and only for a command line that selects EAGLE3_DYNAMIC
+    (``flags.around_from_cli_args``)."""
     if get_spec(ALGORITHM_NAME) is not None:
         return
     SpeculativeAlgorithm.register(

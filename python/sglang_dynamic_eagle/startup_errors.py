@@ -4,9 +4,10 @@
 refuses before any GPU work; its message names the flag or variable and the fix. sglang lets
 such an error rise out of ``ServerArgs.__post_init__`` to the top of
 ``python -m sglang.launch_server``, where Python would print a traceback of about 25 lines
-above the message. :func:`install_excepthook` (run by ``plugin.register``) makes the
-interpreter print only ``error: <message>`` for a StartupError and leaves every other
-exception to the hook that was there before.
+above the message. :func:`install_excepthook` makes the interpreter print only
+``error: <message>`` for a StartupError and leaves every other exception to the hook that was
+there before. The launcher hook ``flags.around_from_cli_args`` installs it when the command line
+selects EAGLE3_DYNAMIC (or gives one of its flags); loading the plugin does not install it.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Each row: the flag as the message names it, when it applies, why it cannot work, and the fix.
 :func:`unsupported_reason` returns the one-line message of the first row that applies (like
-sglang's ``adaptive_unsupported_reason``); ``flags.validate_server_args`` raises it inside
-``ServerArgs.__post_init__``, before any GPU work.
+sglang's ``adaptive_unsupported_reason``); ``flags.validate_server_args`` raises it on the parsed
+command line (before sglang builds ``ServerArgs``) and again inside ``ServerArgs.__post_init__``,
+before any GPU work.
 """
 
 from __future__ import annotations
@@ -131,7 +132,12 @@ UNSUPPORTED: Tuple[UnsupportedCombination, ...] = (
 
 
 def _resolved(server_args) -> Any:
-    """sglang's mid-resolution view (fields other handlers declared but not yet wrote)."""
+    """sglang's mid-resolution view (fields other handlers declared but not yet wrote) of a
+    ``ServerArgs``; parsed command-line arguments (``flags.refuse_before_resolution``) as they are."""
+    from sglang.srt.server_args import ServerArgs
+
+    if not isinstance(server_args, ServerArgs):
+        return server_args
     try:
         from sglang.srt.arg_groups.overrides import resolved_view
 

@@ -23,7 +23,7 @@ server of the same configuration, in bf16 with dummy weights drawn by the test p
 
 Each configuration starts its own servers (two; mla_moe four) together, about 3 minutes with its tests;
 select one per run with ``-k``, e.g.
-``bash test/gpu/run_on_device.sh test/gpu/test_dynamic_eagle_configurations.py -k mla_moe``.
+``bash test/gpu/run.sh test/gpu/test_dynamic_eagle_configurations.py -k mla_moe``.
 """
 
 from __future__ import annotations
@@ -77,10 +77,10 @@ SHARED_MEMORY_FLAGS = ["--mem-fraction-static", "0.9", "--max-total-tokens", "49
 BREAK_PLAIN_STEP_ENV = "SGLANG_DE_TEST_BREAK_PLAIN_STEP"
 
 
-def mla_moe_args(kit_models: Path, out: Path) -> Tuple[List[str], List[str]]:
+def mla_moe_args(model_folders: Path, out: Path) -> Tuple[List[str], List[str]]:
     written = subprocess.run(
         [sys.executable, str(REPO_ROOT / "models" / "mla_moe_dummy_pair.py"), "--out", str(out),
-         "--tokenizer-from", str(kit_models / "llama8b")],
+         "--tokenizer-from", str(model_folders / "llama8b")],
         capture_output=True, text=True, check=True,
     )
     target_path, draft_path = (Path(line) for line in written.stdout.split())
@@ -89,12 +89,12 @@ def mla_moe_args(kit_models: Path, out: Path) -> Tuple[List[str], List[str]]:
 
 
 @pytest.fixture(scope="module", params=list(CONFIGURATIONS))
-def configuration_servers(request, kit_models, tmp_path_factory) -> Iterator[Dict[str, Server]]:
+def configuration_servers(request, model_folders, tmp_path_factory) -> Iterator[Dict[str, Server]]:
     pair, common_extra, dynamic_extra = CONFIGURATIONS[request.param]
     if pair == "mla_moe":
-        target, draft = mla_moe_args(kit_models, tmp_path_factory.mktemp("mla_moe_pair"))
+        target, draft = mla_moe_args(model_folders, tmp_path_factory.mktemp("mla_moe_pair"))
     else:
-        target, draft = dummy8b_args(kit_models)
+        target, draft = dummy8b_args(model_folders)
     # Later flags win: the extra --attention-backend replaces the common triton one.
     specs = {
         "plain": target + common_extra,

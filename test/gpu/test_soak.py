@@ -12,7 +12,7 @@ load drains, sglang's idle check finds no leaked KV or request slots; every plai
 replayed a plain graph, catch-ups ran and lost nothing, and every verify result matched its
 step.
 
-Run it alone: ``bash test/gpu/run_on_device.sh test/gpu/test_soak.py``.
+Run it alone: ``bash test/gpu/run.sh test/gpu/test_soak.py``.
 ``SGLANG_DE_SOAK_SECONDS`` bounds the load (default 360 s); it stops early at
 ``MIN_SWITCHES`` switches. On one H200 (2026-12-02, a run that started at 06:54 UTC, with 300 s)
 the load switched about 34 times a second and reached 10,013 switches after 296 s; with the

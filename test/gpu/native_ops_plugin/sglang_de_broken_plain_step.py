@@ -4,7 +4,7 @@ With SGLANG_DE_TEST_BREAK_PLAIN_STEP=kv-slot in a server's environment, every pl
 the target's K/V of its token into the slot of the position before (an off-by-one that a batch
 rewrite can make), so the slot of the new position is never written. A lossless comparison
 must fail on such a server. Without the variable the plugin does nothing. Installed only on the
-GPU machine by test/gpu/run_on_device.sh; never part of the product wheel.
+GPU machine by test/gpu/run.sh; never part of the product wheel.
 """
 
 import logging

@@ -9,7 +9,7 @@ normal(0, std) instead (0.02, the usual initialisation, gives logits of about un
 one-dimensional norm weights are 1 and other one-dimensional parameters 0. Like sglang's, the
 values depend only on each parameter's shape, so every server with the same flags gets the
 same model. Without the variable the plugin does nothing. Installed only on the GPU machine
-by test/gpu/run_on_device.sh; never part of the product wheel.
+by test/gpu/run.sh; never part of the product wheel.
 """
 
 import logging

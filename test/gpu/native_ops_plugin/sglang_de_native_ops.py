@@ -7,7 +7,7 @@ environment, every `MultiPlatformOp` (RMSNorm, SiluAndMul, rotary embedding, ...
 pure-torch `forward_native` dispatches to it instead. Speculative and plain servers then run
 the same float32 arithmetic, which is what the GPU tests' token-for-token comparisons need.
 Without the variable the plugin does nothing. Installed only on the GPU machine by
-test/gpu/run_on_device.sh; never part of the product wheel.
+test/gpu/run.sh; never part of the product wheel.
 """
 
 import logging

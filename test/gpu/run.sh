@@ -1,14 +1,15 @@
 #!/bin/bash
-# Runs GPU tests on a machine whose offline sglang 0.5.17 install is the folder named by KIT_DIR
-# (its setup.sh and models/):
-#   bash test/gpu/run_on_device.sh [pytest args]
+# Runs GPU tests on a machine whose offline sglang 0.5.17 install is the folder named by
+# SGLANG_OFFLINE_ENV (its setup.sh, which puts that sglang on the path, and models/, the
+# 8B-shaped model folders):
+#   SGLANG_OFFLINE_ENV=/path/to/offline-sglang bash test/gpu/run.sh [pytest args]
 # On any other machine with a CUDA GPU, sglang 0.5.17, this package and test/gpu/native_ops_plugin
 # installed, run the README's pytest selections directly.
 set -o pipefail
 cd "$(dirname "$0")/../.."
-KIT_DIR=${KIT_DIR:?set KIT_DIR to the folder of the offline sglang 0.5.17 install (its setup.sh and models/)}
-export KIT_DIR
-source "$KIT_DIR/setup.sh" || exit 1
+SGLANG_OFFLINE_ENV=${SGLANG_OFFLINE_ENV:?set SGLANG_OFFLINE_ENV to the folder of the offline sglang 0.5.17 install (its setup.sh and models/)}
+export SGLANG_OFFLINE_ENV
+source "$SGLANG_OFFLINE_ENV/setup.sh" || exit 1
 python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . -e test/gpu/native_ops_plugin || exit 1
 export OUT=${OUT:-/tmp/gpu-test-out}
 export SGLANG_DE_LOG_DIR=$OUT
