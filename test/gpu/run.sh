@@ -14,22 +14,15 @@ python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . -e test
 export OUT=${OUT:-/tmp/gpu-test-out}
 export SGLANG_DE_LOG_DIR=$OUT
 mkdir -p "$OUT"
-# Default: the tiny-pair suite with chain drafting (float32, exact comparisons). The tiny
-# servers that the selected tests name start together (the five of -k deferred were healthy
-# about 105 s after their first log lines on a fresh machine, the selection took 162 s,
-# 2026-12-02); the tree, catch-up control and deferred tests are left out of the default and
-# run with -k tree, -k "control and not deferred" or -k deferred (which runs the deferred
-# prefill's own control). Each other module runs in a call of its own: the 8B-shaped
-# test/gpu/test_dynamic_eagle_dummy8b.py (five servers: four start together, the negative
-# control's after two of them stop; about 9 minutes when they started one after another; its
-# negative control alone with -k negative_control, the rest with -k "not negative_control"),
-# the README's tiny-pair demo test/gpu/test_quickstart_demo.py, the soak test/gpu/test_soak.py,
-# the deferred prefill with a pair that copies test/gpu/test_deferred_prefill_recall.py (it trains
-# the pair first),
-# and test/gpu/test_dynamic_eagle_configurations.py with -k non_overlap, -k fa3, -k mla_moe or
+# Default: the tiny-pair suite with chain drafting (float32, exact comparisons); the tree and
+# catch-up control tests run with -k tree and -k control. Each other module runs in a call of
+# its own: the 8B-shaped test/gpu/test_dynamic_eagle_dummy8b.py (its negative control alone
+# with -k negative_control, the rest with -k "not negative_control"), the README's tiny-pair
+# demo test/gpu/test_quickstart_demo.py, the soak test/gpu/test_soak.py, and
+# test/gpu/test_dynamic_eagle_configurations.py with -k non_overlap, -k fa3, -k mla_moe or
 # -k flashinfer.
 if [ $# -eq 0 ]; then
-  set -- test/gpu/test_dynamic_eagle_tiny.py test/gpu/test_tiny_pair.py -k "not tree and not control and not deferred"
+  set -- test/gpu/test_dynamic_eagle_tiny.py test/gpu/test_tiny_pair.py -k "not tree and not control"
 fi
 python3 -m pytest -m gpu -p no:cacheprovider -s -q "$@" 2>&1 | tee "$OUT/pytest.log"
 status=$?
