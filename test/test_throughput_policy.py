@@ -109,6 +109,21 @@ def test_regret_on_recorded_traces(trace: Path) -> None:
     assert regret(throughput_policy_for(meta), world) <= MAX_REGRET
 
 
+def recorded_segments():
+    for trace in TRACES:
+        _, meta = load_recorded(trace)
+        for name in meta.get("segments", {}):
+            yield pytest.param(trace, name, id=f"{trace.name.split('.')[0]}:{name}")
+
+
+@pytest.mark.parametrize("trace, segment", list(recorded_segments()))
+def test_regret_on_each_load_of_a_recorded_trace(trace: Path, segment: str) -> None:
+    steps, meta = load_recorded(trace)
+    first, end = meta["segments"][segment]
+    world = recorded_world(steps[first:end], meta)
+    assert regret(throughput_policy_for(meta), world) <= MAX_REGRET
+
+
 @pytest.mark.parametrize("name", sorted(MODELLED))
 def test_regret_on_modelled_traces(name: str) -> None:
     assert regret(modelled_policy(), MODELLED[name]) <= MAX_REGRET
@@ -198,7 +213,7 @@ def test_no_flapping_faster_than_the_catchup_cost_allows() -> None:
     """A batch oscillating around the crossover every step: each return to speculation must be
     paid for by accumulated predicted loss at least the catch-up's cost, so switches stay rare."""
     n = 2000
-    batches = [22 if i % 2 else 30 for i in range(n)]
+    batches = [12 if i % 2 else 30 for i in range(n)]  # speculation pays at 12, not at 30
     world = modelled_world(batches, [700] * n, [2.4] * n)
     result = simulate(modelled_policy(), world, WINDOW)
     assert result.switches <= n // 20

@@ -238,10 +238,13 @@ class ThroughputPolicy:
         return current, "stay"
 
     def _probe_cost(self, obs, projected, kv, t_plain, y_plain, t_spec, y_spec) -> Optional[float]:
-        """Predicted loss of a probe of the other mode, or None when that mode cannot win here
-        even at its best (then measuring it is worthless)."""
+        """Predicted loss of a probe of the other mode, or None when measuring it is worthless:
+        where the prediction already favours it (that is the loss accounting's call, not
+        exploration's) or where it cannot win even at its best."""
         best_t_plain, _, best_t_spec, best_y_spec = self._rates(obs, projected, kv,
                                                                 optimistic=True)
+        if (y_spec / t_spec > y_plain / t_plain) is (self._mode is DecodeMode.PLAIN):
+            return None
         if self._mode is DecodeMode.PLAIN:
             if not best_t_spec or best_y_spec / best_t_spec <= y_plain / t_plain:
                 return None
