@@ -1,107 +1,95 @@
-"""Running the bench driver and reading its result lines (benchmark/sweeplib/bench.py)."""
+"""bench_serving's result lines as metrics, and the bench driver process (benchmark/sweeplib/bench.py)."""
 
 from __future__ import annotations
 
-import json
-import statistics
+import random
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
 
 from sweeplib import bench  # noqa: E402
-from benchmark_helpers import bench_result_line  # noqa: E402
+from sweeplib.workloads import Segment  # noqa: E402
+from benchmark_helpers import bench_line, flag_values  # noqa: E402
 
 
-def test_result_line_metrics_and_ttft_details():
-    ttfts = [0.020, 0.690, 0.700, 0.030]
-    itls = [[0.005] * 255, [], [], [0.005] * 255]
-    line = bench_result_line(1234.5, ttfts, itls, e2e_ms=700.0, accept_length=3.0)
-    line = json.loads(json.dumps(line))
-    metrics = bench.recorded_metrics(line)
-    for key in bench.RECORDED_METRICS:
-        assert metrics[key] == line[key]
-    diag = bench.ttft_diagnostics(line)
-    assert diag["first_request_ttft_ms"] == pytest.approx(ttfts[0] * 1000)
-    assert diag["median_ttft_excluding_first_ms"] == pytest.approx(statistics.median(ttfts[1:]) * 1000)
-    assert diag["requests_with_text_only_in_last_chunk"] == sum(1 for i in itls if not i)
-    assert diag["requests_without_visible_text"] == 0
-    assert diag["median_ttft_to_median_e2e"] == pytest.approx(line["median_ttft_ms"] / 700.0)
-    deciles = diag["ttft_deciles_ms"]
-    assert len(deciles) == 9 and deciles == sorted(deciles)
-    assert deciles[0] >= 20.0 and deciles[-1] <= 700.0
+def test_segment_flags_carry_the_runs_shape():
+    poisson = flag_values(["bench_serving", *bench.segment_flags(Segment(1024, 512, 80, rate=4.0, range_ratio=0.25),
+                                                                  "tok", "127.0.0.1", 30001, 7, "out.jsonl")])
+    assert poisson["--request-rate"] == ("4.0",) and poisson["--num-prompts"] == ("80",)
+    assert poisson["--random-range-ratio"] == ("0.25",) and "--max-concurrency" not in poisson
+    assert (poisson["--port"], poisson["--seed"], poisson["--dataset-name"]) == (("30001",), ("7",), ("random-ids",))
+    closed = flag_values(["x", *bench.segment_flags(Segment(512, 256, 8, concurrency=4), "tok", "h", 1, 1, "o",
+                                                    ("--tokenize-prompt",))])
+    assert closed["--max-concurrency"] == ("4",) and closed["--request-rate"] == ("inf",)
+    assert "--tokenize-prompt" in closed and "--flush-cache" in closed and "--output-details" in closed
 
 
-def test_requests_that_never_show_text_are_counted_apart():
-    line = bench_result_line(100.0, [0.0, 0.5, 0.0], [[], [], []])
-    diag = bench.ttft_diagnostics(line)
-    assert diag["requests_without_visible_text"] == 2
-    assert diag["first_request_ttft_ms"] is None
-    assert diag["requests_with_text_only_in_last_chunk"] == 1
-    assert diag["ttft_deciles_ms"] is None  # one visible request has no spread
+def test_request_stats_rebuild_each_requests_ttft_tpot_and_latency():
+    line = bench_line([0.02, 0.5, 0.0], [[0.01] * 9, [], []], errors=["", "", "refused"])
+    stats = bench.request_stats(line)
+    assert stats["ok"] == [True, True, False]
+    assert stats["output_len"] == [10, 1, 0]
+    assert stats["tpot_s"][0] == pytest.approx(0.01) and stats["tpot_s"][1] is None
+    assert stats["e2e_s"][:2] == pytest.approx([0.02 + 0.09, 0.5])
+    assert "ttfts" not in bench.raw_row(line) and bench.raw_row(line)["duration"] == 10.0
 
 
-def test_read_new_lines_returns_only_complete_new_lines(tmp_path):
-    path = tmp_path / "bench.jsonl"
-    assert bench.read_new_lines(path, 0) == ([], 0)
-    path.write_text(json.dumps({"c": 1}) + "\n" + '{"c": ')
-    lines, offset = bench.read_new_lines(path, 0)
-    assert [json.loads(line) for line in lines] == [{"c": 1}]
-    with path.open("a") as file:
-        file.write('4}\n')
-    lines, offset = bench.read_new_lines(path, offset)
-    assert [json.loads(line) for line in lines] == [{"c": 4}]
-    assert bench.read_new_lines(path, offset) == ([], offset)
+@pytest.mark.parametrize("seed", range(5))
+def test_percentiles_are_numpys_as_bench_serving_computes_them(seed):
+    rng = random.Random(seed)
+    values = [rng.random() for _ in range(rng.randrange(1, 50))]
+    for q in (50, 90, 99):
+        assert bench.percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+    assert bench.percentile([], 50) is None
 
 
-def fake_driver(tmp_path: Path, lines: list[dict], sleep_s: float) -> tuple[list[str], Path]:
-    """A stand-in for bench_driver.py that appends result lines like bench_serving does."""
-    output = tmp_path / "bench.jsonl"
-    script = (
-        "import json, sys, time\n"
-        f"for line in {lines!r}:\n"
-        f"    time.sleep({sleep_s})\n"
-        f"    open({str(output)!r}, 'a').write(json.dumps(line) + '\\n')\n"
-    )
-    return [sys.executable, "-c", script], output
+def test_workload_metrics_pool_every_run_and_count_goodput_against_the_tpot_target():
+    fast = bench_line([0.1] * 3, [[0.02] * 10] * 3, duration=4.0)
+    slow = bench_line([0.3, 0.3], [[0.08] * 10, [0.04] * 10], duration=6.0)
+    failed = bench_line([0.0], [[]], errors=["timeout"], duration=0.0)
+    segments = [{"bench": bench.raw_row(line), "requests": bench.request_stats(line)} for line in (fast, slow, failed)]
+    metrics = bench.workload_metrics(segments, goodput_tpot_ms=50.0)
+    assert (metrics["requests"], metrics["completed"], metrics["duration"]) == (6, 5, 10.0)
+    assert metrics["request_throughput"] == pytest.approx(0.5)
+    assert metrics["output_throughput"] == pytest.approx(5 * 11 / 10.0)
+    assert metrics["goodput"] == pytest.approx(4 / 10.0)  # the 80 ms request misses 50 ms; the failed one counts not
+    assert bench.workload_metrics(segments, goodput_tpot_ms=100.0)["goodput"] == pytest.approx(0.5)
+    assert metrics["median_ttft_ms"] == pytest.approx(100.0)
+    assert metrics["p99_tpot_ms"] == pytest.approx(float(np.percentile([20, 20, 20, 80, 40], 99)))
+    assert metrics["median_e2e_latency_ms"] == pytest.approx(100 + 200)
 
 
-def test_run_bench_driver_reports_each_result_line(tmp_path):
-    lines = [{"max_concurrency": c} for c in (1, 4, 16)]
-    command, output = fake_driver(tmp_path, lines, sleep_s=0.1)
-    seen = []
-    exit_code = bench.run_bench_driver(command, [(output, seen.append)], tmp_path / "driver.log", 60.0,
-                                       server_alive=lambda: True)
-    assert exit_code == 0 and seen == lines
+def client(tmp_path: Path, script: str) -> bench.BenchClient:
+    path = tmp_path / "driver.py"
+    path.write_text(script)
+    return bench.BenchClient(tmp_path / "driver.log", command=[sys.executable, str(path)])
 
 
-def test_run_bench_driver_reads_every_watched_file_in_order(tmp_path):
-    first, second = tmp_path / "warmup.jsonl", tmp_path / "bench.jsonl"
-    script = (
-        "import json, time\n"
-        f"for path, c in [({str(first)!r}, 1), ({str(first)!r}, 4), ({str(second)!r}, 1)]:\n"
-        "    time.sleep(0.1)\n"
-        "    open(path, 'a').write(json.dumps({'max_concurrency': c}) + '\\n')\n"
-    )
-    seen = []
-    exit_code = bench.run_bench_driver(
-        [sys.executable, "-c", script],
-        [(first, lambda line: seen.append(("warm-up", line["max_concurrency"]))),
-         (second, lambda line: seen.append(("measured", line["max_concurrency"])))],
-        tmp_path / "driver.log", 60.0, server_alive=lambda: True)
-    assert exit_code == 0
-    assert seen == [("warm-up", 1), ("warm-up", 4), ("measured", 1)]
+ECHO = "import json, sys\nfor line in sys.stdin:\n    print(json.dumps({'ok': True, 'error': None, " \
+       "'after_warmup': json.loads(line)}), flush=True)\n"
 
 
-def test_run_bench_driver_stops_when_the_server_dies_or_time_runs_out(tmp_path):
-    command, output = fake_driver(tmp_path, [{"max_concurrency": 1}], sleep_s=30)
-    log = tmp_path / "driver.log"
+def test_the_driver_process_answers_each_run_in_turn_and_is_reused(tmp_path):
+    driver = client(tmp_path, ECHO)
+    first = driver.run(["--num-prompts", "1"], True, timeout_s=30)
+    process = driver.process
+    second = driver.run(["--num-prompts", "2"], False, timeout_s=30)
+    assert first["after_warmup"] == {"flags": ["--num-prompts", "1"], "visible_special_tokens": True}
+    assert second["after_warmup"]["flags"] == ["--num-prompts", "2"] and driver.process is process
+    driver.close()
+
+
+def test_a_run_is_stopped_at_its_timeout_or_when_the_server_dies(tmp_path):
+    driver = client(tmp_path, "import sys, time\nfor line in sys.stdin:\n    time.sleep(60)\n")
     started = time.monotonic()
-    assert bench.run_bench_driver(command, [(output, print)], log, 60.0,
-                                  server_alive=lambda: False) == bench.SERVER_DIED_EXIT_CODE
-    assert bench.run_bench_driver(command, [(output, print)], log, 0.5,
-                                  server_alive=lambda: True) == bench.TIMEOUT_EXIT_CODE
-    assert time.monotonic() - started < 20
+    assert driver.run([], False, timeout_s=0.5)["error"] == "timeout"
+    assert time.monotonic() - started < 10 and driver.process is None
+    assert driver.run([], False, timeout_s=30, alive=lambda: False)["error"] == "server died"
+    crashing = client(tmp_path, "import sys\nsys.stdin.readline()\nsys.exit(3)\n")
+    assert crashing.run([], False, timeout_s=30)["error"] == "bench driver exited with 3"
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -79,10 +80,11 @@ def test_config_list_parsing():
             configs.parse_config_list(bad)
 
 
-def test_adaptive_config_file_is_valid_and_stops_at_3_steps(tmp_path):
-    path = tmp_path / "adaptive.json"
-    configs.write_adaptive_config(path)
-    loaded = json.loads(path.read_text())
+def test_adaptive_config_file_is_written_for_the_adaptive_server_only_and_stops_at_3_steps(tmp_path):
+    parser = argparse.ArgumentParser()
+    configs.add_server_arguments(parser)
+    setup = configs.server_setup(parser.parse_args(["--model-path", "m", "--configs", "plain,adaptive"]), tmp_path)
+    loaded = json.loads(Path(setup.adaptive_config_path).read_text())
     all_steps = set()
     for key, entry in loaded.items():
         assert key.isdigit()
@@ -90,3 +92,13 @@ def test_adaptive_config_file_is_valid_and_stops_at_3_steps(tmp_path):
         assert steps and all(isinstance(s, int) and s >= 0 for s in steps)
         all_steps.update(steps)
     assert max(all_steps) == 3 and 0 in all_steps
+    without = configs.server_setup(parser.parse_args(["--model-path", "m", "--configs", "plain"]), tmp_path / "x")
+    assert without.adaptive_config_path is None and not (tmp_path / "x").exists()
+
+
+def test_servers_sharing_a_gpu_get_one_kv_cap_and_fractions_rising_by_start_order():
+    flags = [flag_values(list(configs.memory_flags(index, 3, 120000))) for index in range(3)]
+    assert [f["--mem-fraction-static"] for f in flags] == [("0.35",), ("0.60",), ("0.85",)]
+    assert {f["--max-total-tokens"] for f in flags} == {("120000",)}
+    four = [float(configs.memory_flags(index, 4, 1)[1]) for index in range(4)]
+    assert four == sorted(four) and (four[0], four[-1]) == (0.35, 0.85) and len(set(four)) == 4

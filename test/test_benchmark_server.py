@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
 
@@ -65,3 +66,28 @@ def test_stop_server_ends_the_whole_group_without_waiting_on_sigterm(tmp_path):
     assert process_is_gone(worker_pid)
     # A SIGTERM-first stop would wait out its grace period on this server.
     assert elapsed < server.STOP_WAIT_S / 2
+
+
+def log_writer(lines: list[str], delay_s: float) -> str:
+    """A stand-in server that writes each line after ``delay_s`` and then idles."""
+    return ("import sys, time\n"
+            f"for line in {lines!r}:\n"
+            f"    time.sleep({delay_s}); print(line, flush=True)\n"
+            "time.sleep(600)\n")
+
+
+def test_the_next_server_waits_for_every_kv_pool_of_the_one_before(tmp_path):
+    """A speculative server allocates two pools (target and draft), a plain one one; the wait ends
+    at the last, or fails with the log tail if the server exits first."""
+    lines = ["Load weight end.", f"{server.KV_ALLOCATED}. #tokens: 120000", f"{server.KV_ALLOCATED}. #tokens: 120000"]
+    running = server.start_server("spec", [sys.executable, "-c", log_writer(lines, 0.3)], {}, tmp_path / "a.log",
+                                  server.base_url_of("127.0.0.1", 1))
+    try:
+        waited = server.wait_until_kv_allocated(running, pools=2, timeout_s=30, tail_lines=5)
+        assert waited >= 0.8 and (tmp_path / "a.log").read_text().count(server.KV_ALLOCATED) == 2
+    finally:
+        server.stop_server(running)
+    dying = server.start_server("dying", [sys.executable, "-c", "print('out of memory')"], {}, tmp_path / "b.log",
+                                server.base_url_of("127.0.0.1", 1))
+    with pytest.raises(server.ServerError, match="out of memory"):
+        server.wait_until_kv_allocated(dying, pools=1, timeout_s=30, tail_lines=5)

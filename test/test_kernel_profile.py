@@ -1,4 +1,4 @@
-"""The kernel-trace summaries of benchmark/profile_kernels.py, on synthetic traces and logs."""
+"""The kernel-trace summaries of tools/profile_kernels.py, on synthetic traces and logs."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
+import kernel_profile  # noqa: E402
 import profile_kernels  # noqa: E402
-from sweeplib import configs, kernel_profile  # noqa: E402
+from sweeplib import configs  # noqa: E402  (put on the path by profile_kernels)
 
 
 def kernel(name: str, ts: float, dur: float, cat: str = "kernel") -> dict:

@@ -1,4 +1,4 @@
-"""The phase-timeline diagnostic (benchmark/phase_timeline): records as the plugin writes them,
+"""The phase-timeline diagnostic (tools/phase_timeline): records as the plugin writes them,
 and the per-prefill intervals the summary reads from them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "phase_timeline"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "phase_timeline"))
 
 import sglang_phase_timeline as plugin  # noqa: E402
 import summarise  # noqa: E402

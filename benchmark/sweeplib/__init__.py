@@ -1,3 +1,1 @@
-"""Library behind benchmark/sweep.py: server command lines, server lifecycle, bench_serving runs,
-the TTFT probe, result files, tables and plots. Only the standard library is needed, except
-matplotlib for the plots (imported when plots are written)."""
+"""Library behind benchmark/run.py (the standard library only; sglang in the bench driver and the paired schedule)."""

@@ -1,166 +1,146 @@
-"""Drive sglang.bench_serving (through bench_driver.py) and read its JSONL result lines."""
+"""Drive sglang.bench_serving (through bench_driver.py) and turn its result lines into metrics."""
 
 from __future__ import annotations
 
 import json
-import statistics
+import math
+import queue
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
-from sweeplib import bench_driver
+from sweeplib.workloads import Segment
 
 DRIVER_PATH = Path(__file__).resolve().with_name("bench_driver.py")
-TIMEOUT_EXIT_CODE = 124
-SERVER_DIED_EXIT_CODE = -1
 POLL_S = 0.5
-
-# Keys of bench_serving's result line (sglang/benchmark/serving.py); times in ms, accept_length
-# is the server's avg_spec_accept_length since its last cache flush (None without speculation).
-RECORDED_METRICS = (
-    "completed", "duration", "total_output_tokens", "output_throughput", "request_throughput",
-    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms",
-    "p99_itl_ms", "median_e2e_latency_ms", "accept_length",
-)
+# Per-request lists of bench_serving's --output-details, left out of the stored raw row.
+DETAIL_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors", "server_info")
 
 
-@dataclass(frozen=True)
-class BenchSettings:
-    """bench_serving arguments shared by every run of a sweep."""
-
-    tokenizer: str
-    input_len: int
-    output_len: int
-    seed: int
-    visible_special_tokens: bool
-    extra_args: tuple[str, ...]
-    python: str = sys.executable
-
-
-@dataclass(frozen=True)
-class RunGroup:
-    """Runs of bench_serving that share its flags and result file."""
-
-    settings: BenchSettings
-    runs: tuple[tuple[int, int], ...]  # (concurrency, prompts), in order
-    output_file: str
+def segment_flags(segment: Segment, tokenizer: str, host: str, port: int, seed: int, output_file: str,
+                  extra_args: tuple[str, ...] = ()) -> list[str]:
+    """What `python -m sglang.bench_serving` gets for one segment."""
+    flags = ["--backend", "sglang", "--host", host, "--port", str(port), "--dataset-name", "random-ids",
+             "--tokenizer", tokenizer, "--random-input-len", str(segment.input_len),
+             "--random-output-len", str(segment.output_len), "--random-range-ratio", str(segment.range_ratio),
+             "--num-prompts", str(segment.prompts), "--request-rate", str(segment.rate), "--seed", str(seed),
+             "--output-file", output_file, "--output-details", "--flush-cache", "--disable-tqdm"]
+    if segment.concurrency is not None:
+        flags += ["--max-concurrency", str(segment.concurrency)]
+    return flags + list(extra_args)
 
 
-def prompts_for_concurrency(concurrency: int, waves: int, min_prompts: int) -> int:
-    return max(min_prompts, waves * concurrency)
+class BenchClient:
+    """One bench_driver process, started on first use and again after it was killed."""
+
+    def __init__(self, log_path: Path, command: list[str] | None = None) -> None:
+        self.log_path, self.command, self.process = log_path, command, None
+
+    def _start(self) -> subprocess.Popen:
+        with self.log_path.open("a") as log:
+            self.process = subprocess.Popen(self.command or [sys.executable, str(DRIVER_PATH)], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
+        self.replies: queue.Queue = queue.Queue()
+        threading.Thread(target=self._forward, args=(self.process.stdout, self.replies), daemon=True).start()
+        return self.process
+
+    @staticmethod
+    def _forward(stdout, replies: queue.Queue) -> None:
+        for line in stdout:
+            replies.put(line)
+        replies.put(None)
+
+    def run(self, flags: list[str], visible_special_tokens: bool, timeout_s: float,
+            alive: Callable[[], bool] = lambda: True) -> dict:
+        """{"ok", "error", "after_warmup"}; error "timeout" or "server died" when it was killed."""
+        process = self.process if self.process and self.process.poll() is None else self._start()
+        process.stdin.write(json.dumps({"flags": flags, "visible_special_tokens": visible_special_tokens}) + "\n")
+        process.stdin.flush()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self.replies.get(timeout=POLL_S)
+            except queue.Empty:
+                line = ""
+            if line is None:
+                return {"ok": False, "error": f"bench driver exited with {process.wait()}", "after_warmup": None}
+            if line.strip():
+                return json.loads(line)
+            problem = "timeout" if time.monotonic() > deadline else None if alive() else "server died"
+            if problem:
+                self.close()
+                return {"ok": False, "error": problem, "after_warmup": None}
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
 
 
-def visible_special_tokens_body(output_len: int) -> dict:
-    """bench_serving's sampling parameters plus skip_special_tokens=False (benchmark/README.md,
-    "TTFT"): --extra-request-body replaces the sglang backend's whole "sampling_params", so
-    this repeats greedy, ignore_eos and max_new_tokens (exact: every request has this length)."""
-    return {"sampling_params": {"temperature": 0.0, "max_new_tokens": output_len,
-                                "ignore_eos": True, "skip_special_tokens": False}}
+def last_line(path: Path) -> dict | None:
+    lines = path.read_text().splitlines() if path.exists() else []
+    return json.loads(lines[-1]) if lines else None
 
 
-def bench_serving_flags(settings: BenchSettings, host: str, port: int, output_file: str) -> list[str]:
-    """bench_serving flags of every run of one server (concurrency and prompts excluded)."""
-    flags = [
-        "--backend", "sglang", "--host", host, "--port", str(port),
-        "--dataset-name", "random-ids", "--tokenizer", settings.tokenizer,
-        "--random-input-len", str(settings.input_len), "--random-output-len", str(settings.output_len),
-        "--random-range-ratio", "1.0", "--seed", str(settings.seed), "--output-file", output_file,
-        "--output-details", "--flush-cache", "--disable-tqdm",
-    ]
-    if settings.visible_special_tokens:
-        flags += ["--extra-request-body", json.dumps(visible_special_tokens_body(settings.output_len))]
-    return flags + list(settings.extra_args)
+def request_stats(line: dict) -> dict:
+    """Per request: ok, output tokens, TTFT, TPOT and E2E in seconds, from --output-details. ITL
+    entries follow the first chunk with text, so TTFT + sum(ITL) is the latency to the last token
+    and sum(ITL) / (tokens - 1) the TPOT (bench_serving's (latency - TTFT) / (tokens - 1))."""
+    errors = line.get("errors") or [""] * len(line.get("ttfts") or [])
+    stats: dict[str, list] = {"ok": [], "output_len": [], "ttft_s": [], "tpot_s": [], "e2e_s": []}
+    for error, tokens, ttft, itls in zip(errors, line.get("output_lens") or [], line.get("ttfts") or [],
+                                         line.get("itls") or []):
+        decode_s = sum(itls)
+        stats["ok"].append(not error)
+        stats["output_len"].append(tokens)
+        stats["ttft_s"].append(round(ttft, 6))
+        stats["tpot_s"].append(round(decode_s / (tokens - 1), 6) if tokens > 1 else None)
+        stats["e2e_s"].append(round(ttft + decode_s, 6))
+    return stats
 
 
-def bench_driver_command(groups: Sequence[RunGroup], host: str, port: int) -> list[str]:
-    """One driver process for every run of every group, group after group, against one server."""
-    return bench_driver_command_per_port([(group, port) for group in groups], host)
+def raw_row(line: dict) -> dict:
+    """bench_serving's result line without its per-request lists and server info (inf as "inf", strict JSON)."""
+    return {key: str(value) if value in (math.inf, -math.inf) else value for key, value in line.items()
+            if key not in DETAIL_KEYS}
 
 
-def bench_driver_command_per_port(groups: Sequence[tuple[RunGroup, int]], host: str) -> list[str]:
-    """One driver process for every run of every group, each group against the server on its port."""
-    command = [groups[0][0].settings.python, str(DRIVER_PATH)]
-    for index, (group, port) in enumerate(groups):
-        command += [bench_driver.GROUP_SEPARATOR] if index else []
-        command += [f"{concurrency}:{prompts}" for concurrency, prompts in group.runs]
-        command += ["--", *bench_serving_flags(group.settings, host, port, group.output_file)]
-    return command
+def percentile(values: list[float], q: float) -> float | None:
+    """numpy's default (linear) percentile, as bench_serving computes its p99."""
+    values = sorted(values)
+    if not values:
+        return None
+    position = (len(values) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (position - low)
 
 
-def read_new_lines(path: Path, offset: int) -> tuple[list[str], int]:
-    """Complete lines appended to `path` after byte `offset`, and the offset after them."""
-    if not path.exists():
-        return [], offset
-    with path.open("rb") as file:
-        file.seek(offset)
-        data = file.read()
-    complete = data[: data.rfind(b"\n") + 1]
-    return [line.decode() for line in complete.splitlines() if line.strip()], offset + len(complete)
-
-
-def run_bench_driver(command: list[str], watched: Sequence[tuple[Path, Callable[[dict], None]]],
-                     driver_log: Path, timeout_s: float, server_alive: Callable[[], bool]) -> int:
-    """Run the driver, calling each (result file, callback) of `watched` with every line of that
-    file as soon as it is written. Returns the driver's exit code, TIMEOUT_EXIT_CODE if it was
-    killed at the timeout, or SERVER_DIED_EXIT_CODE if it was killed because the server died
-    (bench_serving would wait a minute for the dead server at every remaining concurrency)."""
-    deadline = time.monotonic() + timeout_s
-    offsets = [0] * len(watched)
-    with driver_log.open("w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        exit_code = None
-        while exit_code is None:
-            exit_code = process.poll()
-            if exit_code is None and time.monotonic() > deadline:
-                exit_code = TIMEOUT_EXIT_CODE
-            elif exit_code is None and not server_alive():
-                exit_code = SERVER_DIED_EXIT_CODE
-            if exit_code is not None:  # stopped before the last read: nothing is written after it
-                process.kill()
-                process.wait()
-            for index, (output_file, on_result) in enumerate(watched):
-                lines, offsets[index] = read_new_lines(output_file, offsets[index])
-                for line in lines:
-                    on_result(json.loads(line))
-            if exit_code is None:
-                time.sleep(POLL_S)
-        return exit_code
-    finally:  # also when the sweep itself is stopped (a no-op after the driver's exit)
-        process.kill()
-        process.wait()
-
-
-def ttft_diagnostics(result_line: dict) -> dict:
-    """Per-request TTFT facts from a line written with --output-details. bench_serving stamps
-    TTFT at the first chunk with non-empty text and adds ITL entries only for later chunks, so
-    a request whose text came in its last chunk has no ITL entries, one that never showed text
-    TTFT 0."""
-    ttfts_s = result_line.get("ttfts") or []
-    itls_s = result_line.get("itls") or []
-    output_lens = result_line.get("output_lens") or []
-    errors = result_line.get("errors") or [""] * len(ttfts_s)
-    succeeded = [i for i in range(len(ttfts_s)) if not errors[i]]
-    visible = [i for i in succeeded if ttfts_s[i] > 0]
-    later_ttfts_ms = [ttfts_s[i] * 1000 for i in visible if i != 0]
-    visible_ttfts_ms = sorted(ttfts_s[i] * 1000 for i in visible)
-    median_ttft, median_e2e = result_line.get("median_ttft_ms"), result_line.get("median_e2e_latency_ms")
-    return {
-        "first_request_ttft_ms": ttfts_s[0] * 1000 if 0 in visible else None,
-        "median_ttft_excluding_first_ms": statistics.median(later_ttfts_ms) if later_ttfts_ms else None,
-        "requests_without_visible_text": len(succeeded) - len(visible),
-        "requests_with_text_only_in_last_chunk": sum(1 for i in visible if not itls_s[i] and output_lens[i] > 1),
-        "median_ttft_to_median_e2e": median_ttft / median_e2e if median_ttft is not None and median_e2e else None,
-        # Bursts of arrivals queue behind each other's prefills: a median alone can sit on the
-        # edge between two bursts.
-        "ttft_deciles_ms": (
-            [round(q, 1) for q in statistics.quantiles(visible_ttfts_ms, n=10, method="inclusive")]
-            if len(visible_ttfts_ms) >= 2 else None),
-    }
-
-
-def recorded_metrics(result_line: dict) -> dict:
-    return {key: result_line.get(key) for key in RECORDED_METRICS}
+def workload_metrics(segments: list[dict], goodput_tpot_ms: float) -> dict:
+    """Metrics over every request of a workload's runs: throughputs over the runs' summed durations
+    (idle gaps and warm-ups excluded), latency percentiles (ms), and goodput: requests per second
+    completed with TPOT <= goodput_tpot_ms (one-token requests have no TPOT and count as meeting it)."""
+    requests = {key: [v for s in segments for v in s["requests"][key]] for key in
+                ("ok", "output_len", "ttft_s", "tpot_s", "e2e_s")}
+    ok = [i for i, good in enumerate(requests["ok"]) if good]
+    duration = sum(s["bench"].get("duration") or 0.0 for s in segments)
+    tpots = [requests["tpot_s"][i] for i in ok if requests["tpot_s"][i] is not None]
+    good = sum(1 for i in ok if requests["tpot_s"][i] is None or requests["tpot_s"][i] * 1000 <= goodput_tpot_ms)
+    metrics = {"completed": len(ok), "requests": len(requests["ok"]), "duration": duration,
+               "total_output_tokens": sum(requests["output_len"][i] for i in ok),
+               "goodput_tpot_ms": goodput_tpot_ms,
+               "accept_length": next((s["bench"].get("accept_length") for s in reversed(segments)
+                                      if s["bench"].get("accept_length") is not None), None)}
+    for key, count in (("request_throughput", len(ok)), ("output_throughput", metrics["total_output_tokens"]),
+                       ("goodput", good)):
+        metrics[key] = count / duration if duration else None
+    for name, values in (("ttft", [requests["ttft_s"][i] for i in ok]), ("tpot", tpots),
+                         ("e2e_latency", [requests["e2e_s"][i] for i in ok])):
+        for label, q in (("median", 50), ("p99", 99)):
+            value = percentile(values, q)
+            metrics[f"{label}_{name}_ms"] = None if value is None else value * 1000
+    return metrics

@@ -1,129 +1,87 @@
 #!/usr/bin/env python3
-"""Run sglang.bench_serving once per (concurrency, prompts) pair, in one process:
+"""Run `python -m sglang.bench_serving FLAGS` once per line {"flags", "visible_special_tokens"} on stdin,
+in one process (importing bench_serving took about 25 s on the GPU machine), and answer each with
+one line {"ok", "error", "after_warmup"} on stdout (bench_serving prints to stderr).
 
-    python bench_driver.py 1:8 4:12 -- <bench_serving flags> [--next-group 1:8 -- <flags> ...]
-
-Importing bench_serving took about 25 s on the GPU machine: one process per configuration pays
-it once. Each pair is a complete `run_benchmark` call with the namespace bench_serving's own
-parser makes of the group's flags plus --max-concurrency and --num-prompts. Its `--flush-cache`
-request waits until the server is idle (`/flush_cache?timeout=`): sglang refuses a flush (HTTP
-400, failing the run) while a finished request is still in the overlap scheduler's last batch
-(Scheduler.is_fully_idle in sglang 0.5.17; read, not observed). After that flush the driver
-freezes the server's garbage collector (sglang's `/freeze_gc`: the tokenizer manager's and the
-scheduler's tracked objects move to the permanent generation), then appends
-`{"max_concurrency": C, "server_info": ...}` to `<output file>.after_warmup.jsonl`.
-
-Without the freeze, a generation-2 collection over a server's start-up heap lands in some
-measured runs and not others: 540-600 ms in the tokenizer manager of a plain and of an
-EAGLE3_DYNAMIC server alike, each time at the start of a run whose first request then waited
-about as long for its first token (one H200, 8B-shaped model, 2026-12-03). sglang's own log
-advises the freeze after warm-up requests; every configuration gets it, before every run.
+Its `--flush-cache` waits until the server is idle (sglang refuses a flush while a request is in the
+overlap scheduler's last batch, failing the run), then freezes the server's GC (`/freeze_gc`: a
+collection over the start-up heap took 540-600 ms in some runs, 2026-12-03) and reads
+`/server_info` ("after_warmup"). `visible_special_tokens` gives every request
+skip_special_tokens=False, so that tokens without text (dummy weights, simulated acceptance) still
+stamp the first token: `--extra-request-body` cannot, since it replaces the whole `sampling_params`
+(`max_new_tokens` too) with one value for all requests of mixed lengths.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
+import os
 import sys
 import traceback
 
 FLUSH_WAIT_S = 30.0
-GROUP_SEPARATOR = "--next-group"
-AFTER_WARMUP_SUFFIX = ".after_warmup.jsonl"
-_current_run: dict = {}  # the after-warm-up snapshot file and concurrency of the run in progress
+_after_warmup: dict = {}
 
 
-def after_warmup_file(output_file: str) -> str:
-    return output_file + AFTER_WARMUP_SUFFIX
+def with_visible_special_tokens(serving, request_func):
+    """The request function, sending bench_serving's sampling parameters plus skip_special_tokens=False."""
+    async def request(request_func_input, pbar=None):
+        args = serving.args
+        params = {"temperature": args.temperature, "max_new_tokens": request_func_input.output_len,
+                  "ignore_eos": not args.disable_ignore_eos, "skip_special_tokens": False,
+                  **({"top_p": args.top_p} if args.top_p < 1.0 else {})}
+        extra = {**request_func_input.extra_request_body, "sampling_params": params}
+        return await request_func(dataclasses.replace(request_func_input, extra_request_body=extra), pbar)
 
-
-def parse_groups(argv: list[str]) -> list[tuple[list[tuple[int, int]], list[str]]]:
-    """(runs, bench_serving flags) of each group of the command line, in order."""
-    groups: list[list[str]] = [[]]
-    for token in argv:
-        if token == GROUP_SEPARATOR:
-            groups.append([])
-        else:
-            groups[-1].append(token)
-    parsed = []
-    for group in groups:
-        separator = group.index("--")
-        runs = [tuple(int(part) for part in token.split(":")) for token in group[:separator]]
-        parsed.append((runs, group[separator + 1:]))
-    return parsed
-
-
-def bench_serving_parser(serving) -> argparse.ArgumentParser:
-    """The parser bench_serving's `cli_main` builds, taken just before it would read sys.argv."""
-
-    class Built(Exception):
-        pass
-
-    class Parser(argparse.ArgumentParser):
-        def parse_args(self, *args, **kwargs):
-            raise Built(self)
-
-    original, serving.ArgumentParser = serving.ArgumentParser, Parser
-    try:
-        serving.cli_main()
-    except Built as built:
-        parser = built.args[0]
-        parser.__class__ = argparse.ArgumentParser
-        return parser
-    finally:
-        serving.ArgumentParser = original
-    raise RuntimeError("bench_serving's cli_main did not parse arguments")
-
-
-def freeze_gc(base_url: str) -> None:
-    """sglang's ``/freeze_gc``: the server's tracked objects move to the permanent generation."""
-    import requests
-
-    requests.post(f"{base_url}/freeze_gc", timeout=FLUSH_WAIT_S).raise_for_status()
+    return request
 
 
 def flush_when_idle(base_url: str, backend: str) -> None:
-    """Stand-in for bench_serving's flush_server_cache (sglang backends only), which then
-    freezes the server's GC and appends the run's after-warm-up snapshot; a failed snapshot
-    fetch only leaves it out."""
+    """Stand-in for bench_serving's flush_server_cache (sglang backends only): flush once idle,
+    freeze the GC, keep the server info (a failed fetch only leaves it out)."""
     import requests
 
     requests.post(f"{base_url}/flush_cache", params={"timeout": FLUSH_WAIT_S},
                   timeout=FLUSH_WAIT_S + 10).raise_for_status()
-    freeze_gc(base_url)
-    if _current_run.get("snapshot_file") is None:
-        return
+    requests.post(f"{base_url}/freeze_gc", timeout=FLUSH_WAIT_S).raise_for_status()
     try:
-        info = requests.get(f"{base_url}/server_info", timeout=30).json()
+        _after_warmup["info"] = requests.get(f"{base_url}/server_info", timeout=30).json()
     except (requests.RequestException, ValueError):
-        return
-    with open(_current_run["snapshot_file"], "a") as out:
-        out.write(json.dumps({"max_concurrency": _current_run["concurrency"], "server_info": info}) + "\n")
+        pass
 
 
-def main(argv: list[str]) -> int:
-    groups = parse_groups(argv)
+def run_one(serving, request: dict) -> dict:
+    """One run, as `python -m sglang.bench_serving FLAGS` makes it (its cli_main)."""
+    _after_warmup.clear()
+    original, argv = serving.ASYNC_REQUEST_FUNCS["sglang"], sys.argv
+    if request.get("visible_special_tokens"):
+        serving.ASYNC_REQUEST_FUNCS["sglang"] = with_visible_special_tokens(serving, original)
+    sys.argv = ["bench_serving", *request["flags"]]
+    try:
+        serving.cli_main()
+        error = None
+    except (Exception, SystemExit):  # bench_serving sys.exit()s on some errors; go on
+        error = traceback.format_exc()
+        print(error, file=sys.stderr, flush=True)
+    finally:
+        serving.ASYNC_REQUEST_FUNCS["sglang"], sys.argv = original, argv
+    return {"ok": error is None, "error": error, "after_warmup": _after_warmup.get("info")}
+
+
+def main(lines=None, out=None) -> int:
+    if out is None:  # the driver process: answers on stdout, whatever else is printed (C code too) to stderr
+        out = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
     from sglang.benchmark import serving  # what `python -m sglang.bench_serving` runs
 
-    parser = bench_serving_parser(serving)
     serving.flush_server_cache = flush_when_idle
-    failures = 0
-    for runs, flags in groups:
-        for concurrency, prompts in runs:
-            print(f"bench_driver: concurrency {concurrency}, {prompts} prompts", flush=True)
-            try:
-                args = parser.parse_args(
-                    [*flags, "--max-concurrency", str(concurrency), "--num-prompts", str(prompts)])
-                serving._validate_parsed_gsp_args(parser, args)  # as cli_main does
-                _current_run.update(concurrency=concurrency, snapshot_file=args.output_file and
-                                    after_warmup_file(args.output_file))
-                serving.run_benchmark(args)
-            except (Exception, SystemExit):  # bench_serving sys.exit()s on some errors; go on
-                failures += 1
-                traceback.print_exc()
-                print(f"bench_driver: concurrency {concurrency} failed", flush=True)
-    return 1 if failures else 0
+    for line in lines if lines is not None else sys.stdin:
+        if line.strip():
+            out.write(json.dumps(run_one(serving, json.loads(line))) + "\n")
+            out.flush()
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

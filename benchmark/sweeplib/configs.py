@@ -10,30 +10,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-PLAIN = "plain"
-EAGLE3 = "eagle3"
-ADAPTIVE = "adaptive"
-DYNAMIC = "dynamic"
-DYNAMIC_FIXED = "dynamic-fixed"
+PLAIN, EAGLE3, ADAPTIVE, DYNAMIC, DYNAMIC_FIXED = "plain", "eagle3", "adaptive", "dynamic", "dynamic-fixed"
 CONFIG_NAMES: tuple[str, ...] = (PLAIN, EAGLE3, ADAPTIVE, DYNAMIC, DYNAMIC_FIXED)
-
-# EAGLE3_DYNAMIC with the fixed thresholds it shipped with before automatic switching, next to
-# the default (automatic) configuration.
+# EAGLE3_DYNAMIC with the fixed thresholds it shipped with before automatic switching.
 FIXED_THRESHOLD_ARGS = ("--speculative-disable-batch-threshold", "24", "--speculative-enable-batch-threshold", "16",
                         "--speculative-switch-patience", "4")
-
-# The GPU machine's recipe (shared/gpu/README.md): FA3 is not in the runtime kit, flashinfer
-# attention would JIT-compile on every fresh machine, and prefill CUDA-graph capture costs ~60 s
-# per server start.
-DEFAULT_COMMON_ARGS = (
-    "--attention-backend triton --sampling-backend pytorch --disable-prefill-cuda-graph "
-    "--mem-fraction-static 0.80 --cuda-graph-max-bs-decode 128"
-)
-
-# sglang's DEFAULT_ADAPTIVE_CONFIG (srt/speculative/adaptive_spec_params.py) with its 7-step
-# candidate dropped: that default crashed in CUDA-graph capture while building the steps=7
-# state. Keys are batch sizes; a batch uses the entry of the largest key <= its (CUDA-graph
-# padded) size.
+# The GPU machine's recipe (shared/gpu/README.md): FA3 is not in its kit, flashinfer attention
+# would JIT-compile on every fresh machine, and prefill CUDA-graph capture costs ~60 s a start.
+DEFAULT_COMMON_ARGS = ("--attention-backend triton --sampling-backend pytorch --disable-prefill-cuda-graph "
+                       "--mem-fraction-static 0.80 --cuda-graph-max-bs-decode 128")
+FIRST_MEMORY_FRACTION, LAST_MEMORY_FRACTION = 0.35, 0.85
+ADAPTIVE_CONFIG_FILE = "adaptive_config.json"
+# sglang's DEFAULT_ADAPTIVE_CONFIG (srt/speculative/adaptive_spec_params.py) without its 7-step
+# candidate, which crashed in CUDA-graph capture while building the steps=7 state. Keys are batch
+# sizes; a batch uses the entry of the largest key <= its (CUDA-graph padded) size.
 ADAPTIVE_CONFIG_UP_TO_3_STEPS: dict[str, dict[str, object]] = {
     "1": {"candidate_steps": [1, 3], "up_hysteresis": 0.0, "down_hysteresis": -0.25, "ceiling_coeff": 0},
     "8": {"candidate_steps": [0, 1, 3], "up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0},
@@ -43,18 +33,7 @@ ADAPTIVE_CONFIG_UP_TO_3_STEPS: dict[str, dict[str, object]] = {
 
 
 @dataclass(frozen=True)
-class SpeculativeShape:
-    """The EAGLE draft shape shared by every speculative configuration."""
-
-    num_steps: int = 3
-    eagle_topk: int = 1
-    num_draft_tokens: int = 4
-
-
-@dataclass(frozen=True)
 class ServerSetup:
-    """Everything needed to build the server command of any configuration."""
-
     model_path: str
     draft_model_path: str | None
     load_format: str | None
@@ -63,29 +42,32 @@ class ServerSetup:
     common_args: tuple[str, ...]
     dynamic_args: tuple[str, ...]
     adaptive_config_path: str | None
-    spec_shape: SpeculativeShape
+    spec_shape: tuple[int, int, int] = (3, 1, 4)  # draft steps, topk, draft tokens of every speculative server
     python: str = sys.executable
+
+
+def is_dynamic(config: str) -> bool:
+    return config in (DYNAMIC, DYNAMIC_FIXED)
 
 
 def server_command(config: str, setup: ServerSetup) -> list[str]:
     """The base command (the same for every configuration), then the flags that distinguish
     `config` from plain decoding."""
-    command = [setup.python, "-m", "sglang.launch_server", "--model-path", setup.model_path,
-               "--host", setup.host, "--port", str(setup.port)]
-    command += ["--load-format", setup.load_format] if setup.load_format else []
-    command += list(setup.common_args)
     if config not in CONFIG_NAMES:
         raise ValueError(f"unknown configuration {config!r}; known: {', '.join(CONFIG_NAMES)}")
+    command = [setup.python, "-m", "sglang.launch_server", "--model-path", setup.model_path,
+               "--host", setup.host, "--port", str(setup.port)]
+    command += (["--load-format", setup.load_format] if setup.load_format else []) + list(setup.common_args)
     if config == PLAIN:
         return command
-    algorithm = "EAGLE3_DYNAMIC" if config in (DYNAMIC, DYNAMIC_FIXED) else "EAGLE3"
+    algorithm = "EAGLE3_DYNAMIC" if is_dynamic(config) else "EAGLE3"
     if not setup.draft_model_path:
         raise ValueError(f"--speculative-algorithm {algorithm} needs a draft model path")
-    command += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", setup.draft_model_path]
-    command += ["--speculative-draft-load-format", setup.load_format] if setup.load_format else []
-    shape = setup.spec_shape
-    command += ["--speculative-num-steps", str(shape.num_steps), "--speculative-eagle-topk",
-                str(shape.eagle_topk), "--speculative-num-draft-tokens", str(shape.num_draft_tokens)]
+    steps, topk, draft_tokens = setup.spec_shape
+    command += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", setup.draft_model_path,
+                *(["--speculative-draft-load-format", setup.load_format] if setup.load_format else []),
+                "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
+                "--speculative-num-draft-tokens", str(draft_tokens)]
     if config == ADAPTIVE:
         if not setup.adaptive_config_path:
             raise ValueError("the adaptive configuration needs an adaptive config file")
@@ -93,8 +75,19 @@ def server_command(config: str, setup: ServerSetup) -> list[str]:
     return command + list({DYNAMIC: setup.dynamic_args, DYNAMIC_FIXED: FIXED_THRESHOLD_ARGS}.get(config, ()))
 
 
-def write_adaptive_config(path: Path) -> None:
-    path.write_text(json.dumps(ADAPTIVE_CONFIG_UP_TO_3_STEPS, indent=2) + "\n")
+def memory_flags(index: int, count: int, max_total_tokens: int) -> tuple[str, ...]:
+    """Flags of the ``index``-th of ``count`` servers started one after another on one GPU: one KV cap
+    for all, and a static memory fraction rising by start order from 0.35 to 0.85, since sglang sizes
+    a pool from the memory free at its start (0.35 / 0.60 / 0.85 held 120k tokens each for three
+    8B-shaped servers on an H200)."""
+    fraction = FIRST_MEMORY_FRACTION + (LAST_MEMORY_FRACTION - FIRST_MEMORY_FRACTION) * index / max(count - 1, 1)
+    return ("--mem-fraction-static", f"{fraction:.2f}", "--max-total-tokens", str(max_total_tokens))
+
+
+def set_flags(args: tuple[str, ...], flags: tuple[str, ...]) -> tuple[str, ...]:
+    """``args`` without the flags named in ``flags`` (pairs of flag and value), then ``flags``."""
+    names = set(flags[::2])
+    return tuple(t for i, t in enumerate(args) if t not in names and not (i and args[i - 1] in names)) + flags
 
 
 def parse_config_list(text: str) -> list[str]:
@@ -118,13 +111,12 @@ def parse_env_assignments(assignments: list[str]) -> dict[str, str]:
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """The server flags of the sweep and of the kernel profiler."""
+    """The server flags of the benchmark and of the kernel profiler."""
     for flag, kwargs in (
         ("--model-path", dict(required=True, help="target model (path or hub id)")),
         ("--draft-model-path", dict(help="EAGLE-3 draft model; needed by every configuration but plain")),
         ("--load-format", dict(help="e.g. dummy; also sets --speculative-draft-load-format")),
-        ("--configs", dict(default=",".join(CONFIG_NAMES), help="comma-separated, run in the given order "
-                                                                "(default %(default)s)")),
+        ("--configs", dict(default=",".join(CONFIG_NAMES), help="comma-separated (default %(default)s)")),
         ("--common-args", dict(default=DEFAULT_COMMON_ARGS, help="flags for every server (default: %(default)s)")),
         ("--dynamic-args", dict(default="", help="extra flags for the dynamic server only")),
         ("--server-env", dict(action="append", default=[], metavar="NAME=VALUE",
@@ -134,26 +126,19 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         ("--adaptive-config", dict(help="adaptive config JSON (default: one with steps <= 3, written into --out)")),
         ("--spec-steps", dict(type=int, default=3, help="--speculative-num-steps (default %(default)s)")),
         ("--spec-topk", dict(type=int, default=1, help="--speculative-eagle-topk (default %(default)s)")),
-        ("--spec-draft-tokens", dict(type=int, default=4,
-                                     help="--speculative-num-draft-tokens (default %(default)s)")),
+        ("--spec-draft-tokens", dict(type=int, default=4, help="--speculative-num-draft-tokens (default 4)")),
     ):
         parser.add_argument(flag, **kwargs)
 
 
-ADAPTIVE_CONFIG_FILE = "adaptive_config.json"
-
-
-def adaptive_config_path(args: argparse.Namespace, config_names: list[str], out_dir: Path) -> str | None:
-    """The adaptive configuration's config file: --adaptive-config, or (when the adaptive
-    configuration is served without one) the default, written into ``out_dir``."""
-    if ADAPTIVE not in config_names or args.adaptive_config is not None:
-        return args.adaptive_config
-    path = (out_dir / ADAPTIVE_CONFIG_FILE).resolve()
-    write_adaptive_config(path)
-    return str(path)
-
-
-def server_setup(args: argparse.Namespace, adaptive_config: str | None = None) -> ServerSetup:
+def server_setup(args: argparse.Namespace, out_dir: Path) -> ServerSetup:
+    """The setup of the arguments; the adaptive configuration served without --adaptive-config
+    gets the default config, written into ``out_dir``."""
+    adaptive_config = args.adaptive_config
+    if ADAPTIVE in parse_config_list(args.configs) and adaptive_config is None:
+        path = (out_dir / ADAPTIVE_CONFIG_FILE).resolve()
+        path.write_text(json.dumps(ADAPTIVE_CONFIG_UP_TO_3_STEPS, indent=2) + "\n")
+        adaptive_config = str(path)
     return ServerSetup(args.model_path, args.draft_model_path, args.load_format, args.host, args.port,
                        tuple(shlex.split(args.common_args)), tuple(shlex.split(args.dynamic_args)),
-                       adaptive_config, SpeculativeShape(args.spec_steps, args.spec_topk, args.spec_draft_tokens))
+                       adaptive_config, (args.spec_steps, args.spec_topk, args.spec_draft_tokens))

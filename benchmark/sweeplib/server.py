@@ -1,5 +1,5 @@
-"""Start, health-check, query and stop one sglang server (the sweep's, the profiler's and the
-GPU tests' lifecycle)."""
+"""Start, health-check, query and stop one sglang server (the benchmark's, the kernel profiler's
+and the GPU tests' lifecycle)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -21,6 +20,7 @@ logger = logging.getLogger(__name__)
 HEALTH_POLL_S = 1.0
 STOP_WAIT_S = 30.0
 MAX_LOG_LINE_CHARS = 500  # sglang logs all server args on one line of several KB
+KV_ALLOCATED = "KV Cache is allocated"
 
 
 class ServerError(RuntimeError):
@@ -39,12 +39,6 @@ def base_url_of(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def port_accepts_connections(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex((host, port)) == 0
-
-
 def log_tail(path: Path, lines: int) -> str:
     """The last `lines` lines of a log, each cut to MAX_LOG_LINE_CHARS characters."""
     if not path.exists():
@@ -56,16 +50,11 @@ def log_tail(path: Path, lines: int) -> str:
 
 
 def start_server(config: str, command: list[str], env: dict[str, str], log_path: Path,
-                 base_url: str, cpus: set[int] | None = None) -> RunningServer:
-    """Launch the server in its own process group, so that stopping it also ends its workers;
-    with ``cpus``, it and every process it starts run on those CPUs only."""
-    def pin() -> None:
-        os.sched_setaffinity(0, cpus)
-
+                 base_url: str) -> RunningServer:
+    """Launch the server in its own process group, so that stopping it also ends its workers."""
     with log_path.open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **env}, start_new_session=True,
-                                   preexec_fn=pin if cpus else None)
+                                   env={**os.environ, **env}, start_new_session=True)
     return RunningServer(config, process, log_path, base_url)
 
 
@@ -80,29 +69,44 @@ def http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
         return 0, b""
 
 
-def wait_until_healthy(server: RunningServer, timeout_s: float, tail_lines: int) -> float:
-    """Poll /health (503 until sglang's own warmup request is done) until it answers 200; return
-    the seconds waited. Raises ServerError with the log tail if the server exits or times out."""
+def healthy(server: RunningServer) -> bool:
+    return http_get(server.base_url + "/health", timeout_s=5.0)[0] == 200
+
+
+def _wait(server: RunningServer, ready, goal: str, timeout_s: float, tail_lines: int) -> float:
+    """Seconds until ``ready()``; ServerError with the log tail if the server exits or time runs out."""
     started = time.monotonic()
     while True:
         waited = time.monotonic() - started
         exit_code = server.process.poll()
-        if exit_code is None and http_get(server.base_url + "/health", timeout_s=5.0)[0] == 200:
+        if exit_code is None and ready():
             return waited
         if exit_code is not None or waited > timeout_s:
-            problem = (f"exited with code {exit_code} after {waited:.0f} s" if exit_code is not None
-                       else f"not healthy after {timeout_s:.0f} s")
-            raise ServerError(f"[{server.config}] server {problem}; last log lines:\n"
+            problem = f"exited with code {exit_code}" if exit_code is not None else f"not {goal}"
+            raise ServerError(f"[{server.config}] server {problem} after {waited:.0f} s; last log lines:\n"
                               f"{log_tail(server.log_path, tail_lines)}")
         time.sleep(HEALTH_POLL_S)
 
 
-def stop_server(server: RunningServer) -> None:
-    """SIGKILL the server's process group and wait until it is gone (its GPU memory free).
+def wait_until_healthy(server: RunningServer, timeout_s: float, tail_lines: int) -> float:
+    """Until /health answers 200 (sglang answers 503 until its own warm-up request is done)."""
+    return _wait(server, lambda: healthy(server), "healthy", timeout_s, tail_lines)
 
-    No SIGTERM first: sglang 0.5.17 answers one sent to the group with a crash path (its
-    children die first, the launcher takes that for a failure and sleeps 5 s before crash
-    diagnostics), about 7 s per server, and a benchmark or test server has nothing to save.
+
+def wait_until_kv_allocated(server: RunningServer, pools: int, timeout_s: float, tail_lines: int) -> float:
+    """Until the log says ``pools`` times that a KV cache is allocated (sglang 0.5.17 loads the
+    target's and the draft's weights, then allocates both pools within a second), or the server is
+    healthy: a next server on the GPU then sizes its pool from what is left."""
+    def ready() -> bool:
+        log = server.log_path.read_text(errors="replace") if server.log_path.exists() else ""
+        return log.count(KV_ALLOCATED) >= pools or healthy(server)
+
+    return _wait(server, ready, "done allocating its KV cache", timeout_s, tail_lines)
+
+
+def stop_server(server: RunningServer) -> None:
+    """SIGKILL the server's process group and wait until it is gone (its GPU memory free). No
+    SIGTERM first: sglang 0.5.17 answers one with a crash path that costs about 7 s per server.
     A process group, not sglang's kill_process_tree: it also reaches workers whose parent died."""
     pgid = server.process.pid  # start_new_session made the server its group leader
     try:
@@ -119,8 +123,7 @@ def stop_server(server: RunningServer) -> None:
         except PermissionError:
             pass
         time.sleep(0.2)
-    logger.warning("[%s] server process group %d still alive %.0f s after SIGKILL",
-                   server.config, pgid, STOP_WAIT_S)
+    logger.warning("[%s] server process group %d still alive %.0f s after SIGKILL", server.config, pgid, STOP_WAIT_S)
 
 
 def server_is_running(server: RunningServer) -> bool:
@@ -138,9 +141,8 @@ def fetch_server_info(base_url: str, timeout_s: float = 30.0) -> dict | None:
 
 
 def effective_max_running_requests(server_info: dict | None) -> int | None:
-    """The scheduler's request cap (internal_states[i].effective_max_running_requests_per_dp;
-    EAGLE-family servers lower it to 48 unless --max-running-requests is given), else the
-    resolved server argument."""
+    """The scheduler's request cap (EAGLE-family servers lower it to 48 unless
+    --max-running-requests is given), else the resolved server argument."""
     for state in (server_info or {}).get("internal_states") or []:
         if isinstance(state, dict) and state.get("effective_max_running_requests_per_dp") is not None:
             return int(state["effective_max_running_requests_per_dp"])

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Profile the GPU kernels of a few forward steps of each configuration under the same load.
 
-For each configuration: start its server (the sweep's command line, with
+For each configuration: start its server (the benchmark's command line, with
 ``SGLANG_LOG_FORWARD_ITERS=1`` so that its batch lines carry their forward step), keep
 ``--concurrency`` requests of random token ids running, and after ``--warmup-s`` ask sglang's
 ``/start_profile`` for a GPU trace of ``--profile-steps`` scheduler forward steps from a step
 ``START_LEAD_STEPS`` past the latest one logged; then summarise every trace
-(``sweeplib.kernel_profile``) into ``profile.md``: GPU busy time, idle share, and the top
+(``kernel_profile.py`` beside this file) into ``profile.md``: GPU busy time, idle share, and the top
 kernels per prompt token. A diagnostic, not a benchmark: it answers where GPU time goes, e.g.
 
-    python3 benchmark/profile_kernels.py --model-path M --draft-model-path D --load-format dummy \\
+    python3 tools/profile_kernels.py --model-path M --draft-model-path D --load-format dummy \\
         --configs plain,dynamic --input-len 1024 --output-len 2 --concurrency 64 --out DIR
 """
 
@@ -27,7 +27,10 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sweeplib import configs, kernel_profile, server
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+
+import kernel_profile  # noqa: E402
+from sweeplib import configs, server  # noqa: E402  (the benchmark's server commands and lifecycle)
 
 logger = logging.getLogger("profile_kernels")
 
@@ -151,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = configs.parse_config_list(args.configs)
-    setup = configs.server_setup(args, configs.adaptive_config_path(args, names, out_dir))
+    setup = configs.server_setup(args, out_dir)
     env = configs.parse_env_assignments(args.server_env)
     summaries = {config: profile_config(config, setup, env, args, out_dir) for config in names}
     command = shlex.join([sys.executable] + sys.argv)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-prefill intervals from the timelines that ``sglang_phase_timeline`` wrote, per server.
 
-    python3 benchmark/phase_timeline/summarise.py DIR [--min-reqs 1 --max-reqs 1]
+    python3 tools/phase_timeline/summarise.py DIR [--min-reqs 1 --max-reqs 1]
 
 For every prefill (a ``run_batch`` of an EXTEND batch): from the scheduler receiving requests
 to the prefill's launch, the launch on the host (the target's part and the draft's), the GPU

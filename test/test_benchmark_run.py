@@ -1,0 +1,225 @@
+"""The benchmark's one entry point (benchmark/run.py), end to end against stand-in servers and a
+stand-in bench driver (test/fakes/), and its parts: schedules, server commands, trace splitting."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+
+import run  # noqa: E402
+from sweeplib import bench, report, results, server, workloads  # noqa: E402
+from benchmark_helpers import FAKES, flag_values, free_port  # noqa: E402
+
+
+@pytest.fixture
+def fakes(monkeypatch, tmp_path):
+    """Servers are test/fakes/fake_sglang_server.py with the server's own flags; the bench driver
+    is test/fakes/fake_bench_driver.py, logging every run it is asked for."""
+    real_start = server.start_server
+
+    def start_fake(config, command, env, log_path, base_url):
+        flags = command[command.index("sglang.launch_server") + 1:]
+        return real_start(config, [sys.executable, str(FAKES / "fake_sglang_server.py"), *flags], env, log_path,
+                          base_url)
+
+    monkeypatch.setattr(server, "start_server", start_fake)
+    monkeypatch.setattr(server, "HEALTH_POLL_S", 0.05)
+    monkeypatch.setattr(bench, "DRIVER_PATH", FAKES / "fake_bench_driver.py")
+    monkeypatch.setenv("FAKE_DRIVER_LOG", str(tmp_path / "driver_requests.jsonl"))
+    monkeypatch.setenv("FAKE_SERVER_DIR", str(tmp_path))
+    return tmp_path
+
+
+def main(out: Path, *flags: str) -> int:
+    return run.main(["run", "--model-path", "m", "--draft-model-path", "d", "--load-format", "dummy",
+                     "--port", str(free_port()), "--out", str(out), *flags])
+
+
+def driver_requests(tmp_path: Path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "driver_requests.jsonl").read_text().splitlines()]
+
+
+def test_interleaved_end_to_end(fakes):
+    out = fakes / "out"
+    assert main(out, "--workload", "closed-2,poisson-5", "--traffic-s", "1", "--visible-special-tokens",
+                "--server-env", "SGLANG_SIMULATE_ACC_LEN=3.0", "--git-commit", "abc") == 0
+    document = json.loads((out / "results.json").read_text(), parse_constant=pytest.fail)  # strict JSON: no inf
+    source = document["sources"][0]
+    assert source["git_commit"] == "abc" and "run.py run" in source["command_line"] and source["created"]
+    names = ["plain", "eagle3", "dynamic"]
+    commands = {name: flag_values(document["configs"][name]["server_command"]) for name in names}
+    assert [commands[n]["--mem-fraction-static"] for n in names] == [("0.35",), ("0.60",), ("0.85",)]
+    assert all(document["configs"][n]["kv_tokens"] == run.SHARED_GPU_MAX_TOTAL_TOKENS for n in names)
+    envs = {name: document["configs"][name]["server_env"] for name in names}
+    assert envs["dynamic"][run.TRACE_ENV] == str(out.resolve() / "dynamic_trace.jsonl")
+    assert all(run.TRACE_ENV not in envs[n] and envs[n]["SGLANG_SIMULATE_ACC_LEN"] == "3.0" for n in names[:2])
+    # Each next server started once the one before had logged its KV cache allocation.
+    logs = (out / run.SERVER_LOGS_FILE).read_text()
+    started = [float(t) for t in re.findall(r"started at ([\d.]+)", logs)]
+    allocated = [float(t) for t in re.findall(r"\(at ([\d.]+)\)", logs)]
+    assert len(started) == 3 and started[1] >= allocated[0] and started[2] >= allocated[2]  # plain: 1, eagle3: 2
+    # Every server warmed up first (unrecorded), then each workload against each server, rotating.
+    requests = driver_requests(fakes)
+    assert [flag_values(["x", *r["flags"]])["--num-prompts"] for r in requests[:3]] == [("32",)] * 3
+    assert all(r["visible_special_tokens"] for r in requests)
+    assert [(r["workload"], r["config"]) for r in document["runs"]] == [
+        ("closed-2", "plain"), ("closed-2", "eagle3"), ("closed-2", "dynamic"),
+        ("poisson-5", "eagle3"), ("poisson-5", "dynamic"), ("poisson-5", "plain")]
+    seeds = {(r["flags"][r["flags"].index("--port") + 1], r["flags"][r["flags"].index("--seed") + 1])
+             for r in requests[3:]}
+    assert len({seed for _, seed in seeds}) == 2  # one seed per workload, the same for every server
+    for record in document["runs"]:
+        assert record["status"] == "ok" and record["metrics"]["completed"] == record["metrics"]["requests"]
+        assert record["segments"][0]["bench"]["duration"] == 2.0 and "ttfts" not in record["segments"][0]["bench"]
+    dynamic = [r for r in document["runs"] if r["config"] == "dynamic"]
+    for record in dynamic:
+        delta = record["mode_counters"]["delta"]
+        assert delta["speculative_steps"] == 3 and delta["policy_probes"] == 1  # one request per fake run
+        trace = [json.loads(line) for line in (out / record["trace"]["file"]).read_text().splitlines()]
+        assert record["trace"]["file"] == f"trace_dynamic_{record['workload']}.jsonl"
+        assert [line["k"] for line in trace] == ["step", "time"]
+        assert record["started_at"] <= trace[0]["t"] <= record["ended_at"]
+    assert all("trace" not in r and r["mode_counters"] is None for r in document["runs"] if r["config"] != "dynamic")
+    assert sum(1 for _ in open(out / "dynamic_trace.jsonl")) == 6  # the warm-up's two lines are in no workload
+    text = (out / "report.md").read_text()
+    assert "## EAGLE3_DYNAMIC / best of plain and EAGLE3" in text and "| dynamic | goodput |" in text
+    assert "`poisson-5`: 8 prompts of input 1024 / output 512 tokens x [0.25, 1], 5 req/s" in text
+    assert run.main(["report", "--inputs", str(out / "results.json"), "--out", str(fakes / "again")]) == 0
+    assert (fakes / "again" / "report.md").read_text() == text
+
+
+def test_sequential_serves_one_configuration_at_a_time_with_its_own_memory_flags(fakes):
+    out = fakes / "out"
+    assert main(out, "--configs", "plain,dynamic", "--schedule", "sequential", "--workload", "closed-2,closed-4",
+                "--warmup", "none") == 0
+    document = json.loads((out / "results.json").read_text())
+    assert [(r["config"], r["workload"]) for r in document["runs"]] == [
+        ("plain", "closed-2"), ("plain", "closed-4"), ("dynamic", "closed-2"), ("dynamic", "closed-4")]
+    for name in ("plain", "dynamic"):
+        flags = flag_values(document["configs"][name]["server_command"])
+        assert flags["--mem-fraction-static"] == ("0.80",) and "--max-total-tokens" not in flags
+    assert len(driver_requests(fakes)) == 4  # no warm-up
+
+
+def test_a_spent_time_budget_skips_what_would_not_end_in_time(fakes, monkeypatch):
+    out = fakes / "out"
+    assert main(out, "--workload", "closed-2", "--time-budget-s", "0") == 1
+    document = json.loads((out / "results.json").read_text())
+    assert {c["status"] for c in document["configs"].values()} == {"skipped"} and document["runs"] == []
+    assert "time budget spent" in (out / "report.md").read_text()
+    # Started, but no workload fits what is left: each is recorded as skipped, none is sent.
+    monkeypatch.setattr(run, "MIN_GROUP_WINDOW_S", 0.0)
+    assert main(out, "--configs", "plain", "--workload", "poisson-5,closed-2", "--warmup", "none",
+                "--time-budget-s", "5") == 1
+    document = json.loads((out / "results.json").read_text())
+    assert document["configs"]["plain"]["status"] == "ok"
+    assert [(r["workload"], r["status"], r["error"]) for r in document["runs"]] == [
+        ("poisson-5", "skipped", "time budget spent"), ("closed-2", "skipped", "time budget spent")]
+
+
+def test_a_run_still_going_at_the_end_of_the_budget_is_stopped_and_skipped(fakes, monkeypatch):
+    monkeypatch.setattr(run, "MIN_GROUP_WINDOW_S", 0.0)
+    monkeypatch.setattr(workloads, "SEGMENT_OVERHEAD_S", 0.0)
+    monkeypatch.setenv("FAKE_DRIVER_SLEEP_S", "30")
+    out = fakes / "out"
+    assert main(out, "--configs", "plain", "--workload", "closed-2", "--warmup", "none", "--time-budget-s", "4") == 1
+    (record,) = json.loads((out / "results.json").read_text())["runs"]
+    assert (record["status"], record["error"], record["segments"]) == ("skipped", "time budget spent", [])
+
+
+def test_a_server_that_died_gets_no_more_runs_and_the_others_go_on(fakes, monkeypatch):
+    monkeypatch.setattr(server, "server_is_running", lambda running: running.config != "eagle3")
+    out = fakes / "out"
+    assert main(out, "--workload", "closed-2,closed-4", "--warmup", "none") == 1
+    document = json.loads((out / "results.json").read_text())
+    statuses = {(r["config"], r["workload"]): (r["status"], r["error"]) for r in document["runs"]}
+    assert statuses[("eagle3", "closed-2")] == statuses[("eagle3", "closed-4")] == ("failed", "server not running")
+    assert {statuses[(c, w)][0] for c in ("plain", "dynamic") for w in ("closed-2", "closed-4")} == {"ok"}
+    assert len(driver_requests(fakes)) == 4
+    assert "- run `eagle3` closed-2: failed: server not running" in (out / "report.md").read_text()
+
+
+def test_paired_rounds_send_the_same_prompts_to_both_servers_in_turn_and_report_pair_ratios(fakes, monkeypatch):
+    out, port = fakes / "out", free_port()
+    monkeypatch.setenv("FAKE_SLOW_PORT", str(port + 1))  # dynamic's server: TTFT 20 ms against 10 ms
+    assert run.main(["run", "--model-path", "m", "--draft-model-path", "d", "--port", str(port), "--out", str(out),
+                     "--configs", "plain,dynamic", "--schedule", "paired", "--workload", "closed-2", "--rounds", "3",
+                     "--warmup", "none"]) == 0
+    document = json.loads((out / "results.json").read_text())
+    assert [(r["config"], r["round"]) for r in document["runs"]] == [
+        ("plain", 0), ("dynamic", 0), ("dynamic", 1), ("plain", 1), ("plain", 2), ("dynamic", 2)]
+    seeds = [flag_values(["x", *r["flags"]])["--seed"] for r in driver_requests(fakes)]
+    assert seeds[0] == seeds[1] and seeds[2] == seeds[3] and len(set(seeds)) == 3  # the same prompts per pair
+    text = (out / "report.md").read_text()
+    assert "## Round by round: dynamic against plain" in text and "against eagle3" not in text
+    assert "| closed-2 | 3 | 2.000 / 2.000 / 2.000 | 2.000 [2.000, 2.000] | 1.000 / 1.000 / 1.000 |" in text
+
+
+def test_paired_needs_two_configurations(tmp_path):
+    with pytest.raises(SystemExit):
+        main(tmp_path, "--schedule", "paired", "--configs", "plain,eagle3,dynamic")
+
+
+def test_run_order_rotates_per_workload_and_reverses_every_other_round():
+    names = ("a", "b", "c")
+    assert [run.run_order(names, w, 0) for w in range(4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert run.run_order(("a", "b"), 0, 1) == ["b", "a"]
+
+
+def plan_of(tmp_path: Path, *flags: str) -> argparse.Namespace:
+    args = run.build_parser().parse_args(["run", "--model-path", "m", "--draft-model-path", "d",
+                                          "--out", str(tmp_path), *flags])
+    return run.build_plan(args)
+
+
+def test_group_commands_share_every_flag_but_speculative_and_memory_ones(tmp_path):
+    plan = plan_of(tmp_path, "--configs", "plain,eagle3,adaptive,dynamic", "--max-total-tokens", "80000")
+    commands = run.group_commands(plan, plan.names)
+    assert [port for _, port, _, _ in commands] == [30000, 30001, 30002, 30003]
+    flags = [flag_values(command) for _, _, command, _ in commands]
+    assert [f["--mem-fraction-static"] for f in flags] == [("0.35",), ("0.52",), ("0.68",), ("0.85",)]
+    assert {f["--max-total-tokens"] for f in flags} == {("80000",)}
+    shared = [{k: v for k, v in f.items() if not k.startswith("--speculative-") and k not in (
+        "--port", "--mem-fraction-static")} for f in flags]
+    assert all(s == shared[0] for s in shared)
+    assert [run.TRACE_ENV in env for *_, env in commands] == [False, False, False, True]
+    (single,) = run.group_commands(plan, ("dynamic",))
+    assert flag_values(single[2])["--max-total-tokens"] == ("80000",) and single[1] == 30003
+
+
+def test_split_trace_cuts_by_time_and_keeps_a_steps_lines_together(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    lines = [{"k": "step", "step": 1, "t": 10.0}, {"k": "step", "step": 2, "t": 20.0, "mode": "plain"},
+             {"k": "time", "step": 1, "ms": 1.0}, {"k": "verify", "step": 2, "tokens": 3},
+             {"k": "step", "step": 3, "t": 30.0, "mode": "speculative"}, {"k": "catchup", "t": 31.0}]
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"k": "step", "t"')
+    runs = [{"workload": "a", "started_at": 5.0, "ended_at": 12.0}, {"workload": "b@1", "started_at": 15.0,
+            "ended_at": 25.0}, {"workload": "b@1", "started_at": 29.0, "ended_at": 35.0}, {"workload": "c"}]
+    results.split_trace(trace, runs, tmp_path, "t_")
+    kept = {name: [json.loads(line) for line in (tmp_path / f"t_{name}.jsonl").read_text().splitlines()]
+            for name in ("a", "b_1")}
+    assert kept["a"] == [lines[0], lines[2]]  # step 1's time line goes with step 1, written after step 2
+    assert kept["b_1"] == [lines[1], lines[3], lines[4], lines[5]]  # file names keep to letters, digits, . _ -
+    assert runs[1]["trace"] == runs[2]["trace"] == {"file": "t_b_1.jsonl", "lines": 4,
+                                                    "steps_by_mode": {"plain": 1, "speculative": 1}}
+    assert "trace" not in runs[3]  # skipped: it never ran
+    results.split_trace(tmp_path / "none.jsonl", runs[:1], tmp_path, "n_")
+    assert runs[0]["trace"]["lines"] == 0
+
+
+def test_report_of_a_saved_run_can_use_another_goodput_target(fakes):
+    out = fakes / "out"
+    assert main(out, "--configs", "plain", "--workload", "closed-2", "--warmup", "none") == 0
+    saved = results.load_results(out / "results.json")
+    assert saved["runs"][0]["metrics"]["goodput"] == pytest.approx(2.0)  # 4 requests in 2 s, TPOT 5 ms
+    strict = report.render_markdown(results.load_results(out / "results.json"), goodput_tpot_ms=1.0)
+    assert "## Goodput (req/s that completed with TPOT <= 1 ms)" in strict
+    assert "| closed-2 | 0.00 |" in strict and "| closed-2 | 2.00 |" in (out / "report.md").read_text()
