@@ -6,8 +6,8 @@ server writes one with ``SGLANG_DYNAMIC_EAGLE_TRACE=<file>`` (JSON lines, see
 ``engine.trace``). A :class:`World` turns it into both modes' cost of every step: a least-squares
 fit over the whole trace of each mode's timed steps (a base per CUDA-graph bucket, a cost per
 request and per KV token; stalls left out), the same for the mode that ran and the one that
-did not, so that neither pays the other's noise; speculative tokens where a verify ran, elsewhere the nearest verify's
-acceptance per request. The batch sequence is taken as given (a replayed policy does not
+did not, so that neither pays the other's noise; speculative tokens from the acceptance per
+request around the nearest verify, smoothed so that nobody is credited one step's luck. The batch sequence is taken as given (a replayed policy does not
 change which requests arrive when: an approximation that holds while modes change the
 sequence little, and is the same for the policy and the oracle).
 
@@ -157,21 +157,23 @@ class World:
             plain_ms=np.array([cost(DecodeMode.PLAIN, s) for s in steps]),
             spec_ms=np.array([cost(DecodeMode.SPECULATIVE, s)
                               if s.batch <= max_speculative_batch else np.inf for s in steps]),
-            spec_tokens=np.array([s.spec_tokens if s.spec_tokens else a * s.batch
-                                  for s, a in zip(steps, per_request)]),
+            spec_tokens=np.array([a * s.batch for s, a in zip(steps, per_request)]),
             catchup_fixed_ms=catchup_fixed_ms,
             catchup_per_token_ms=catchup_per_token_ms,
         )
 
 
-def _acceptance_per_request(steps: Sequence[TraceStep]) -> List[float]:
-    """Per step, the tokens per request of the nearest verified step (earlier on ties)."""
+def _acceptance_per_request(steps: Sequence[TraceStep], smooth: int = 8) -> List[float]:
+    """Per step, the tokens per request around the nearest verified step: the mean over
+    ``smooth`` verified steps on each side, so that neither a policy nor the oracle is charged
+    (or credited) one step's luck, which no decision can foresee."""
     verified = [(i, s.spec_tokens / s.batch) for i, s in enumerate(steps)
                 if s.spec_tokens and s.batch]
     if not verified:
         return [1.0] * len(steps)
     index = np.array([i for i, _ in verified])
-    value = [a for _, a in verified]
+    raw = np.array([a for _, a in verified])
+    value = [float(raw[max(0, k - smooth): k + smooth + 1].mean()) for k in range(len(raw))]
     out = []
     for i in range(len(steps)):
         j = int(np.searchsorted(index, i))

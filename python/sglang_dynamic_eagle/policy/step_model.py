@@ -46,8 +46,12 @@ GLOBAL_FIT_MEMORY_SAMPLES = 2048
 # PRIOR_KV_SPREAD_TOKENS apart at the same batch size.
 PRIOR_SLOPE_SAMPLES = 64.0
 PRIOR_KV_SPREAD_TOKENS = 16384.0
-# A timed step this many times its prediction is a stall, not a cost.
+# A timed step this many times its prediction is a stall, not a cost, unless STALL_RUN come in a
+# row at one bucket (then the prediction was wrong: a bucket the replay could not time).
 STALL_FACTOR = 4.0
+STALL_RUN = 3
+# The least a step is predicted to take (a fit extrapolated to small batches can go below 0).
+MIN_STEP_MS = 0.05
 # A request's own acceptance weighs as much as the server-wide mean after this many verifies.
 REQUEST_PRIOR_VERIFIES = 4.0
 # The server-wide acceptance mean forgets by 1 - 1/window per decode step (speculative or not):
@@ -127,6 +131,8 @@ class ModeCost:
             raise ValueError("a mode needs at least one bucket")
         self.calibration = {b: float(ms) for b, ms in calibration.items() if ms and ms > 0}
         self.prior_per_kv_token_ms = max(0.0, float(prior_per_kv_token_ms))
+        self._calibrated = sorted(self.calibration)
+        self._stalls: Dict[int, int] = {b: 0 for b in self.buckets}
         self._bucket_keep = 1.0 - 1.0 / check_int_at_least("memory", memory, 1)
         self._global_keep = 1.0 - 1.0 / GLOBAL_FIT_MEMORY_SAMPLES
         self._xx = [[0.0] * 3 for _ in range(3)]
@@ -145,7 +151,19 @@ class ModeCost:
         return self.buckets[index] if index < len(self.buckets) else None
 
     def _replay(self, bucket: int) -> float:
-        return self.calibration.get(bucket, 0.0)
+        """The bucket's replay time; an uncalibrated bucket between calibrated ones takes the
+        line through its neighbours, one beyond them the nearest (0 with no calibration)."""
+        if bucket in self.calibration:
+            return self.calibration[bucket]
+        known = self._calibrated
+        if not known:
+            return 0.0
+        index = bisect.bisect_left(known, bucket)
+        if index == 0 or index == len(known):
+            return self.calibration[known[min(index, len(known) - 1)]]
+        low, high = known[index - 1], known[index]
+        c_low, c_high = self.calibration[low], self.calibration[high]
+        return c_low + (c_high - c_low) * (bucket - low) / (high - low)
 
     def _fitted(self, bucket: int, batch_size: int, kv_tokens: float) -> float:
         host, per_request, per_kv = self._theta
@@ -160,7 +178,11 @@ class ModeCost:
         if self._samples >= MIN_BUCKET_SAMPLES:
             predicted = self.predict(b, kv_tokens)
             if predicted and ms > STALL_FACTOR * predicted:
-                return
+                # A stall is a one-off; STALL_RUN of them in a row at one bucket are its cost.
+                self._stalls[bucket] += 1
+                if self._stalls[bucket] < STALL_RUN:
+                    return
+        self._stalls[bucket] = 0
         x = (1.0, float(b), float(kv_tokens))
         y = ms - self._replay(bucket)
         keep = self._global_keep
@@ -200,20 +222,22 @@ class ModeCost:
         if bucket is None or (self._samples == 0 and bucket not in self.calibration):
             return None
         if self._samples == 0:
-            return self._replay(bucket) + self.prior_per_kv_token_ms * kv_tokens
+            return max(MIN_STEP_MS, self._replay(bucket) + self.prior_per_kv_token_ms * kv_tokens)
         correction = 0.0
         if self.measured(bucket):
             s = self._residuals[bucket]
             host, per_request, per_kv = self._theta
             correction = (s.t - host * s.w - per_request * s.k - per_kv * s.kk) / s.w
-        return max(0.0, self._fitted(bucket, batch_size, kv_tokens) + correction)
+        return max(MIN_STEP_MS, self._replay(bucket),
+                   self._fitted(bucket, batch_size, kv_tokens) + correction)
 
     def lower_bound(self, batch_size: int, kv_tokens: float) -> Optional[float]:
-        """The least a step can take: the graph replay alone (no host work, context 1) plus the
-        prior KV read; the prediction where no replay was timed."""
+        """The least a step can take: at a bucket not measured yet, the graph replay alone (no
+        host work, context 1) plus the prior KV read; elsewhere the prediction."""
         bucket = self.bucket_of(batch_size)
         predicted = self.predict(batch_size, kv_tokens)
-        if bucket is None or bucket not in self.calibration or predicted is None:
+        if (bucket is None or bucket not in self.calibration or predicted is None
+                or self.measured(bucket)):
             return predicted
         return min(predicted, self._replay(bucket) + self.prior_per_kv_token_ms * kv_tokens)
 
@@ -311,7 +335,9 @@ class Acceptance:
         if optimistic or not verifies:
             means = [prior] * batch_size
         else:
-            means = [(a + k * prior) / (n + k) for n, a in zip(verifies, accepted)]
+            top = self.max_acceptance
+            means = [min(top, max(1.0, (a + k * prior) / (n + k)))
+                     for n, a in zip(verifies[:batch_size], accepted[:batch_size])]
             means += [prior] * (batch_size - len(means))
         if remaining:
             return sum(min(m, max(1, r)) for m, r in zip(means, remaining))

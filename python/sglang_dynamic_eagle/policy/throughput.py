@@ -197,7 +197,7 @@ class ThroughputPolicy:
         )
 
         spec_bucket = self.costs[DecodeMode.SPECULATIVE].bucket_of(projected)
-        if b > self.config.max_speculative_batch or spec_bucket is None:
+        if b == 0 or b > self.config.max_speculative_batch or spec_bucket is None:
             mode, reason = DecodeMode.PLAIN, "above speculative graphs"
             self._probe_left = 0
         elif self._probe_left > 0:
@@ -241,10 +241,10 @@ class ThroughputPolicy:
         """Predicted loss of a probe of the other mode, or None when measuring it is worthless:
         where the prediction already favours it (that is the loss accounting's call, not
         exploration's) or where it cannot win even at its best."""
-        best_t_plain, _, best_t_spec, best_y_spec = self._rates(obs, projected, kv,
-                                                                optimistic=True)
         if (y_spec / t_spec > y_plain / t_plain) is (self._mode is DecodeMode.PLAIN):
             return None
+        best_t_plain, _, best_t_spec, best_y_spec = self._rates(obs, projected, kv,
+                                                                optimistic=True)
         if self._mode is DecodeMode.PLAIN:
             if not best_t_spec or best_y_spec / best_t_spec <= y_plain / t_plain:
                 return None
