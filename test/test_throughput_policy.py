@@ -278,3 +278,42 @@ def test_the_server_report_shows_predictions_and_measurements() -> None:
     assert recent and {"plain_tok_per_s", "spec_tok_per_s", "predicted_ms", "measured_ms",
                         "reason"} <= set(recent[0])
     assert 0 < report["prediction_error"] < 0.1
+
+
+def test_a_bucket_without_a_replay_learns_its_cost() -> None:
+    """Speculative graphs timed only up to 32 (the rest uncalibrated): steps at 128 cost far
+    more than the nearest replay; the model must learn that instead of treating them as stalls,
+    and the policy must leave speculation there."""
+    calibration = {PLAIN: {b: 0.9 * plain_base(b) for b in BUCKETS},
+                   SPEC: {b: 0.9 * spec_base(b) for b in BUCKETS if b <= 32}}
+    config = ThroughputPolicyConfig(max_speculative_batch=128, max_running_requests=256,
+                                    kv_capacity_tokens=2_000_000, catchup_window=WINDOW)
+    policy = new_throughput_policy(config, {PLAIN: BUCKETS, SPEC: BUCKETS}, calibration,
+                                   {PLAIN: PLAIN_KV_MS, SPEC: SPEC_KV_MS}, spec_base(1), 4.0)
+    true_ms = spec_base(128) + SPEC_KV_MS * 128 * 700
+    for step in range(1, 300):
+        obs = StepObservation(batch_size=128, kv_tokens=128 * 700, step=step)
+        mode = policy.decide(obs)
+        policy.add_verify([1] * 128)  # acceptance 2.0
+        if mode is SPEC:
+            policy.add_step_time(step, SPEC, 128, 128 * 700, true_ms)
+        else:
+            policy.add_step_time(step, PLAIN, 128, 128 * 700,
+                                 plain_base(128) + PLAIN_KV_MS * 128 * 700)
+    assert policy.costs[SPEC].predict(128, 128 * 700) == pytest.approx(true_ms, rel=0.1)
+    assert policy.mode is PLAIN
+
+
+@pytest.mark.parametrize("batch", [0, 1, 128, 129, 10_000])
+def test_any_batch_decides_without_error(batch: int) -> None:
+    """Eager servers (no replay timed at all), a fit extrapolated below zero, empty batches,
+    batches beyond every bucket: a mode, never an exception."""
+    config = ThroughputPolicyConfig(max_speculative_batch=128, max_running_requests=256,
+                                    kv_capacity_tokens=2_000_000, catchup_window=WINDOW)
+    policy = new_throughput_policy(config, {PLAIN: BUCKETS, SPEC: BUCKETS}, {},
+                                   {PLAIN: PLAIN_KV_MS, SPEC: SPEC_KV_MS}, 0.0, 4.0)
+    for step, b in enumerate([64, 128, 64, 128, 64, 128], start=1):
+        policy.add_step_time(step, PLAIN, b, 0, 7.0 if b == 64 else 12.0)  # extrapolates < 0 at 1
+    obs = StepObservation(batch_size=batch, kv_tokens=batch * 1000, step=10,
+                          remaining=[1] * batch if batch <= 128 else ())
+    assert policy.decide(obs) in (PLAIN, SPEC)
