@@ -96,11 +96,13 @@ def clean_flags_env(monkeypatch):
     through monkeypatch records the original state, so whatever a test (or the hook)
     leaves behind is undone at teardown.
     """
-    from sglang_dynamic_eagle import flags
+    from sglang_dynamic_eagle import config
+    from sglang_dynamic_eagle.sglang_compat import launcher
 
-    monkeypatch.setenv(flags.ENV_VAR, "")
-    monkeypatch.delenv(flags.ENV_VAR)
-    monkeypatch.setattr(flags, "_last_exported", None)
+    for name in [config.ENV_VAR] + [spec.name for spec in config.ENVIRONMENT]:
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(launcher, "_last_exported", None)
     yield monkeypatch
 
 

@@ -19,3 +19,12 @@ def load_plugin_module(module_name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def assert_register_changes_nothing_without(env: str, module_name: str, owner: object,
+                                            attribute: str, monkeypatch) -> None:
+    """Without ``env`` set, the plugin's ``register()`` leaves ``owner.attribute`` as it was."""
+    monkeypatch.delenv(env, raising=False)
+    original = getattr(owner, attribute)
+    load_plugin_module(module_name).register()
+    assert getattr(owner, attribute) is original

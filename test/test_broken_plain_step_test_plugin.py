@@ -3,14 +3,13 @@
 import subprocess
 import sys
 from types import SimpleNamespace
-from typing import Iterator
 
 import pytest
 import torch
 
-from sglang_dynamic_eagle import plain_step
+from sglang_dynamic_eagle.engine import plain_step
 
-from plugin_modules import load_plugin_module, plugin_path
+from plugin_modules import assert_register_changes_nothing_without, load_plugin_module, plugin_path
 
 PLUGIN_PATH = plugin_path("sglang_de_broken_plain_step")
 BREAK_ENV = "SGLANG_DE_TEST_BREAK_PLAIN_STEP"
@@ -21,10 +20,8 @@ def _load_plugin():
 
 
 @pytest.fixture
-def restore_plain_step() -> Iterator[None]:
-    original = plain_step.turn_into_decode_batch
-    yield
-    plain_step.turn_into_decode_batch = original
+def restore_plain_step(monkeypatch) -> None:
+    monkeypatch.setattr(plain_step, "turn_into_decode_batch", plain_step.turn_into_decode_batch)
 
 
 def decode_batch() -> SimpleNamespace:
@@ -43,10 +40,8 @@ REQ_TO_TOKEN = torch.arange(20).reshape(2, 10) + 100
 
 
 def test_without_env_nothing_changes(restore_plain_step, monkeypatch) -> None:
-    monkeypatch.delenv(BREAK_ENV, raising=False)
-    original = plain_step.turn_into_decode_batch
-    _load_plugin().register()
-    assert plain_step.turn_into_decode_batch is original
+    assert_register_changes_nothing_without(BREAK_ENV, "sglang_de_broken_plain_step", plain_step,
+                                            "turn_into_decode_batch", monkeypatch)
 
 
 def test_kv_slot_writes_each_plain_token_into_the_previous_positions_slot(
@@ -77,7 +72,7 @@ def test_registers_in_a_fresh_interpreter() -> None:
         "import importlib.util, os; os.environ[%r] = 'kv-slot'; "
         "spec = importlib.util.spec_from_file_location('p', %r); "
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); m.register(); "
-        "from sglang_dynamic_eagle import plain_step; "
+        "from sglang_dynamic_eagle.engine import plain_step; "
         "assert plain_step.turn_into_decode_batch.__name__ == 'write_kv_one_slot_early'"
     ) % (BREAK_ENV, str(PLUGIN_PATH))
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -9,7 +9,7 @@ from typing import Dict, List, Sequence, Tuple, Union
 
 import pytest
 
-from sglang_dynamic_eagle.counters import ModeCounters
+from sglang_dynamic_eagle.observability.counters import ModeCounters
 from sglang_dynamic_eagle.policy import DecodeMode
 
 PLAIN = DecodeMode.PLAIN
@@ -117,6 +117,10 @@ def test_record_catchup_accumulates_forwards_tokens_and_truncation() -> None:
 # ---------------------------------------------------------------- record_result FIFO
 
 
+def verified_and_accepted(counters: ModeCounters) -> tuple:
+    return counters.speculative_verified_requests, counters.speculative_accepted_tokens
+
+
 def test_results_are_attributed_in_launch_order() -> None:
     counters = ModeCounters()
     # Overlap scheduling: two steps are launched before the first result arrives.
@@ -126,8 +130,7 @@ def test_results_are_attributed_in_launch_order() -> None:
     counters.record_step(SPEC, 2, ran_graph=True)
     counters.record_result([0, 0, 0, 0])  # plain: no acceptance counted
     counters.record_result([3, 3])  # spec: 2 requests, 6 drafts + 2 bonus = 8 tokens
-    assert counters.speculative_verified_requests == 5
-    assert counters.speculative_accepted_tokens == 14
+    assert verified_and_accepted(counters) == (5, 14)
     assert counters.mean_accept_length == pytest.approx(14 / 5)  # 2.8
 
 
@@ -144,8 +147,7 @@ def test_plain_result_with_nonzero_drafts_is_still_ignored() -> None:
     counters = ModeCounters()
     counters.record_step(PLAIN, 2, ran_graph=False)
     counters.record_result([5, 5])
-    assert counters.speculative_verified_requests == 0
-    assert counters.speculative_accepted_tokens == 0
+    assert verified_and_accepted(counters) == (0, 0)
 
 
 def test_result_without_pending_step_changes_nothing() -> None:
@@ -155,8 +157,7 @@ def test_result_without_pending_step_changes_nothing() -> None:
     # A later launch is still matched with its own result, not the stray one.
     counters.record_step(SPEC, 1, ran_graph=True)
     counters.record_result([1])
-    assert counters.speculative_verified_requests == 1
-    assert counters.speculative_accepted_tokens == 2
+    assert verified_and_accepted(counters) == (1, 2)
 
 
 def test_each_result_consumes_exactly_one_pending_step() -> None:
@@ -166,8 +167,7 @@ def test_each_result_consumes_exactly_one_pending_step() -> None:
     counters.record_result([])  # the plain step's (empty) result
     counters.record_result([2])  # the spec step: 2 drafts + 1 bonus
     counters.record_result([7])  # nothing pending any more: ignored
-    assert counters.speculative_verified_requests == 1
-    assert counters.speculative_accepted_tokens == 3
+    assert verified_and_accepted(counters) == (1, 3)
 
 
 def test_empty_speculative_result_pops_but_adds_nothing() -> None:
@@ -176,8 +176,7 @@ def test_empty_speculative_result_pops_but_adds_nothing() -> None:
     counters.record_step(SPEC, 1, ran_graph=True)
     counters.record_result([])
     counters.record_result([1])
-    assert counters.speculative_verified_requests == 1
-    assert counters.speculative_accepted_tokens == 2
+    assert verified_and_accepted(counters) == (1, 2)
     assert counters.mean_accept_length == 2.0
 
 

@@ -12,7 +12,7 @@ from typing import List, Sequence, Tuple
 import pytest
 
 from sglang_dynamic_eagle import doctor
-from sglang_dynamic_eagle.gpu_check import NEEDS, missing_nvidia_gpu
+from sglang_dynamic_eagle.sglang_compat.gpu_check import NEEDS, missing_nvidia_gpu
 
 
 def _fake_torch(*capabilities):

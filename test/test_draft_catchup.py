@@ -20,18 +20,17 @@ from typing import Any, List, Optional, Sequence, Tuple
 import pytest
 import torch
 
-from sglang_dynamic_eagle import draft_catchup
-from sglang_dynamic_eagle.draft_catchup import (
-    CATCHUP_WINDOW_ENV,
-    MAX_WINDOW,
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+from sglang_dynamic_eagle.config import CATCHUP_WINDOW_ENV, MAX_WINDOW, load_config
+from sglang_dynamic_eagle.engine import draft_catchup
+from sglang_dynamic_eagle.engine.draft_catchup import (
     CatchupPlan,
     DraftCatchup,
     batch_req_pool_indices,
-    catchup_max_window,
     choose_ring_size,
 )
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang_dynamic_eagle.startup_errors import StartupError
+from sglang_dynamic_eagle.sglang_compat.startup_errors import StartupError
 
 CPU = torch.device("cpu")
 POOL_SIZE = 6
@@ -163,16 +162,16 @@ def test_max_window_is_256() -> None:
 
 def test_max_window_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(CATCHUP_WINDOW_ENV, raising=False)
-    assert catchup_max_window() == MAX_WINDOW
+    assert load_config().catchup_window == MAX_WINDOW
     monkeypatch.setenv(CATCHUP_WINDOW_ENV, "1")
-    assert catchup_max_window() == 1
+    assert load_config().catchup_window == 1
 
 
 @pytest.mark.parametrize("value", ["0", "257", "-1", "many"])
 def test_bad_max_window_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv(CATCHUP_WINDOW_ENV, value)
     with pytest.raises(StartupError, match=CATCHUP_WINDOW_ENV):
-        catchup_max_window()
+        load_config()
 
 
 def test_stash_holds_ring_size_entries() -> None:
@@ -520,7 +519,7 @@ class _NoGpuTime:
     def start(self) -> None:
         return None
 
-    def stop(self, start) -> None:
+    def stop(self, start, label: int = 0) -> None:
         pass
 
 

@@ -1,12 +1,10 @@
 """The test-only dummy-weights plugin (test/gpu/native_ops_plugin/sglang_de_dummy_weights.py)."""
 
-from typing import Iterator
-
 import pytest
 import torch
 from sglang.srt.model_loader import loader
 
-from plugin_modules import load_plugin_module
+from plugin_modules import assert_register_changes_nothing_without, load_plugin_module
 
 STD_ENV = "SGLANG_DE_TEST_DUMMY_WEIGHT_STD"
 
@@ -26,17 +24,13 @@ class TinyBlock(torch.nn.Module):
 
 
 @pytest.fixture
-def restore_loader() -> Iterator[None]:
-    original = loader.initialize_dummy_weights
-    yield
-    loader.initialize_dummy_weights = original
+def restore_loader(monkeypatch) -> None:
+    monkeypatch.setattr(loader, "initialize_dummy_weights", loader.initialize_dummy_weights)
 
 
 def test_without_env_nothing_changes(restore_loader, monkeypatch) -> None:
-    monkeypatch.delenv(STD_ENV, raising=False)
-    original = loader.initialize_dummy_weights
-    _load_plugin().register()
-    assert loader.initialize_dummy_weights is original
+    assert_register_changes_nothing_without(STD_ENV, "sglang_de_dummy_weights", loader,
+                                            "initialize_dummy_weights", monkeypatch)
 
 
 def test_with_env_the_loader_draws_spread_weights(restore_loader, monkeypatch) -> None:

@@ -1,15 +1,21 @@
-"""HostSyncCounter: which warnings count, per kind of forward, and the debug mode's reset."""
+"""HostSyncCounter: which warnings count, per kind of forward, and the debug mode's reset; the
+worker with the check, which the plugin builds only with the variable set."""
 
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 from typing import List
 
 import pytest
 import torch
 
-from sglang_dynamic_eagle import host_syncs
-from sglang_dynamic_eagle.host_syncs import SYNC_CHECK_ENV, HostSyncCounter, sync_check_enabled
+from sglang_dynamic_eagle.config import SYNC_CHECK_ENV, load_config
+from sglang_dynamic_eagle.engine.worker import DynamicEagleWorker
+from sglang_dynamic_eagle.observability import host_syncs
+from sglang_dynamic_eagle.observability.host_syncs import HostSyncCounter, with_host_sync_check
+from sglang_dynamic_eagle.policy import DecodeMode
+from sglang_dynamic_eagle.sglang_compat import plugin, registry
 
 
 @pytest.fixture
@@ -26,7 +32,7 @@ def synchronise() -> None:
 
 
 def test_synchronising_call_sites_are_counted_per_kind(debug_modes) -> None:
-    counter = HostSyncCounter(enabled=True)
+    counter = HostSyncCounter()
     with counter.watch("prefill"):
         synchronise()
         synchronise()
@@ -41,19 +47,51 @@ def test_synchronising_call_sites_are_counted_per_kind(debug_modes) -> None:
 
 
 def test_the_previous_debug_mode_is_restored_when_the_forward_fails(debug_modes) -> None:
-    counter = HostSyncCounter(enabled=True)
+    counter = HostSyncCounter()
     with pytest.raises(RuntimeError):
         with counter.watch("speculative"):
             raise RuntimeError("forward failed")
     assert debug_modes == ["warn", 0]
 
 
-def test_off_by_default_and_then_free(debug_modes, monkeypatch) -> None:
+def test_the_plugin_builds_the_checked_worker_only_with_the_variable(monkeypatch) -> None:
+    monkeypatch.setattr(registry, "check_at_start_up", lambda: None)
     monkeypatch.delenv(SYNC_CHECK_ENV, raising=False)
-    assert not sync_check_enabled()
-    counter = HostSyncCounter(enabled=sync_check_enabled())
-    with counter.watch("prefill"):
-        pass
-    assert counter.report() == {} and debug_modes == []
+    assert not load_config().sync_check
+    assert plugin._worker_class(None) is DynamicEagleWorker
+    for value in ("0", "yes", ""):
+        monkeypatch.setenv(SYNC_CHECK_ENV, value)
+        assert plugin._worker_class(None) is DynamicEagleWorker, value
     monkeypatch.setenv(SYNC_CHECK_ENV, "1")
-    assert sync_check_enabled()
+    checked = plugin._worker_class(None)
+    assert issubclass(checked, DynamicEagleWorker) and checked is not DynamicEagleWorker
+
+
+class _Steps(DynamicEagleWorker):
+    """The worker's prefill and decode steps, each warning of one synchronising call."""
+
+    def __init__(self) -> None:  # no sglang worker behind it
+        pass
+
+    def _prefill(self, batch, on_publish, grammar_barrier):
+        synchronise()
+        return "prefilled"
+
+    def _decode(self, mode, batch, on_publish, grammar_barrier):
+        synchronise()
+        return mode.value
+
+    def report(self) -> dict:
+        return {"speculative_steps": 0}
+
+
+def test_the_checked_worker_counts_syncs_per_kind_of_forward(debug_modes) -> None:
+    checked = with_host_sync_check(_Steps)()
+    assert checked._prefill(SimpleNamespace(), None, None) == "prefilled"
+    assert checked._decode(DecodeMode.PLAIN, SimpleNamespace(), None, None) == "plain"
+    assert checked._decode(DecodeMode.SPECULATIVE, SimpleNamespace(), None, None) == "speculative"
+    report = checked.report()
+    assert report["speculative_steps"] == 0
+    assert sorted(site.split()[0] for site in report["host_syncs"]) == [
+        "plain", "prefill", "speculative"]
+    assert debug_modes == ["warn", 0] * 3

@@ -1,13 +1,11 @@
 """The test-only float32 plugin (test/gpu/native_ops_plugin) routes sglang's custom ops to forward_native."""
 
-from typing import Iterator
-
 import pytest
 
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.utils.multi_platform import MultiPlatformOp
 
-from plugin_modules import load_plugin_module
+from plugin_modules import assert_register_changes_nothing_without, load_plugin_module
 
 
 def _load_plugin():
@@ -15,17 +13,13 @@ def _load_plugin():
 
 
 @pytest.fixture
-def restore_dispatch() -> Iterator[None]:
-    original = MultiPlatformOp.dispatch_forward
-    yield
-    MultiPlatformOp.dispatch_forward = original
+def restore_dispatch(monkeypatch) -> None:
+    monkeypatch.setattr(MultiPlatformOp, "dispatch_forward", MultiPlatformOp.dispatch_forward)
 
 
 def test_without_env_nothing_changes(restore_dispatch, monkeypatch) -> None:
-    monkeypatch.delenv("SGLANG_DE_TEST_NATIVE_OPS", raising=False)
-    original = MultiPlatformOp.dispatch_forward
-    _load_plugin().register()
-    assert MultiPlatformOp.dispatch_forward is original
+    assert_register_changes_nothing_without("SGLANG_DE_TEST_NATIVE_OPS", "sglang_de_native_ops",
+                                            MultiPlatformOp, "dispatch_forward", monkeypatch)
 
 
 def test_with_env_ops_dispatch_to_forward_native_even_if_registered_twice(restore_dispatch, monkeypatch) -> None:

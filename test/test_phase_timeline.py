@@ -116,7 +116,7 @@ def test_a_missing_interval_does_not_spoil_the_median() -> None:
 
 def test_every_phase_names_a_function_of_the_installed_sglang() -> None:
     """The plugin wraps sglang internals; a renamed one must fail here, not on the GPU."""
-    from sglang_dynamic_eagle.upstream_internals import resolve
+    from sglang_dynamic_eagle.sglang_compat.registry import resolve
 
     for phase, target, _ in plugin.PHASES:
         assert callable(resolve(target)), phase

@@ -9,8 +9,8 @@ from typing import List, Optional
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-from sglang_dynamic_eagle.plain_decode_graphs import plain_decode_batch_sizes
-from sglang_dynamic_eagle.plain_step import turn_into_decode_batch as _turn_into_decode_batch
+from sglang_dynamic_eagle.engine.plain_decode_graphs import plain_decode_batch_sizes
+from sglang_dynamic_eagle.engine.plain_step import turn_into_decode_batch as _turn_into_decode_batch
 
 
 @dataclass
@@ -105,7 +105,7 @@ class FakeRunner:
 
 
 def test_plain_sampling_reports_logprobs_of_the_adjusted_logits():
-    from sglang_dynamic_eagle.plain_step import PlainDecodeStep
+    from sglang_dynamic_eagle.engine.plain_step import PlainDecodeStep
 
     step = object.__new__(PlainDecodeStep)
     runner = FakeRunner()

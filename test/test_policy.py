@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_dynamic_eagle.flags import derived_enable_threshold
+from sglang_dynamic_eagle.config import derived_enable_threshold
 from sglang_dynamic_eagle.policy import (
     DEFAULT_SWITCH_PATIENCE,
     DecodeMode,
@@ -464,33 +464,36 @@ def test_property_never_speculative_above_graph_limit(scenario) -> None:
             assert mode is PLAIN
 
 
+def switches_to(mode: DecodeMode, scenario, qualifies: Callable[[int], bool]):
+    """(step, run of qualifying batch sizes that ends there, not reaching before the previous
+    switch) of every switch to ``mode`` in ``scenario``."""
+    _, initial, sizes = scenario
+    _, modes = run_scenario(scenario)
+    previous = -1
+    for i in switch_steps(initial, modes):
+        if modes[i] is mode:
+            yield i, trailing_run(sizes, previous + 1, i, qualifies)
+        previous = i
+
+
 @PROPERTY_SETTINGS
 @given(scenarios())
 def test_property_enable_needs_exactly_k_qualifying_steps(scenario) -> None:
-    config, initial, sizes = scenario
-    _, modes = run_scenario(scenario)
+    config, _, sizes = scenario
     limit = enable_limit(config)
-    previous = -1
-    for i in switch_steps(initial, modes):
-        if modes[i] is SPEC:
-            run = trailing_run(sizes, previous + 1, i, lambda bs: bs <= limit)
-            assert run == config.switch_patience, (i, sizes[: i + 1])
-        previous = i
+    for i, run in switches_to(SPEC, scenario, lambda bs: bs <= limit):
+        assert run == config.switch_patience, (i, sizes[: i + 1])
 
 
 @PROPERTY_SETTINGS
 @given(scenarios())
 def test_property_disable_is_graph_limit_or_k_steps_above_n(scenario) -> None:
-    config, initial, sizes = scenario
-    _, modes = run_scenario(scenario)
+    config, _, sizes = scenario
     n = config.disable_batch_threshold
-    previous = -1
-    for i in switch_steps(initial, modes):
-        if modes[i] is PLAIN and sizes[i] <= config.max_speculative_batch:
+    for i, run in switches_to(PLAIN, scenario, lambda bs: bs > n):
+        if sizes[i] <= config.max_speculative_batch:
             assert n > 0, (i, sizes[: i + 1])
-            run = trailing_run(sizes, previous + 1, i, lambda bs: bs > n)
             assert run == config.switch_patience, (i, sizes[: i + 1])
-        previous = i
 
 
 @PROPERTY_SETTINGS

@@ -12,9 +12,9 @@ import torch
 from sglang.srt.speculative import eagle_utils
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from sglang_dynamic_eagle import upstream_internals
-from sglang_dynamic_eagle.prefill_tail_tokens import tail_tokens_without_sync
-from sglang_dynamic_eagle.spec_algo import DynamicEagleSpecAlgo
+from sglang_dynamic_eagle.sglang_compat import registry
+from sglang_dynamic_eagle.sglang_compat.hooks.prefill_tail_tokens import tail_tokens_without_sync
+from sglang_dynamic_eagle.sglang_compat.spec_algo import DynamicEagleSpecAlgo
 
 # The original, also where the plugin's hook is already applied in this test session.
 SGLANGS_TAIL_TOKENS = inspect.unwrap(eagle_utils._eagle_prefill_tail_tokens)
@@ -67,6 +67,6 @@ def test_other_algorithms_get_sglangs_function() -> None:
 def test_the_hook_is_on_the_name_eagles_draft_prefill_calls(loaded_plugins) -> None:
     from sglang.srt.speculative import eagle_worker_v2
 
-    assert upstream_internals._wraps_hook(
+    assert registry._wraps_hook(
         eagle_worker_v2._eagle_prefill_tail_tokens, tail_tokens_without_sync
     )

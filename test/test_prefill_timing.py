@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from sglang_dynamic_eagle import prefill_timing
-from sglang_dynamic_eagle.prefill_timing import PrefillTimer
+from sglang_dynamic_eagle.observability import prefill_timing
+from sglang_dynamic_eagle.observability.prefill_timing import PrefillTimer
 
 
 @dataclass

@@ -7,16 +7,16 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sglang_dynamic_eagle import reporting_hooks
-from sglang_dynamic_eagle.counters import ModeCounters
-from sglang_dynamic_eagle.policy import DecodeMode
-from sglang_dynamic_eagle.prefill_timing import PrefillTimer
-from sglang_dynamic_eagle.prometheus_metrics import (
+from sglang_dynamic_eagle.observability.counters import ModeCounters
+from sglang_dynamic_eagle.observability.prefill_timing import PrefillTimer
+from sglang_dynamic_eagle.observability.prometheus_metrics import (
     COUNTERS,
     GAUGES,
     DynamicEagleMetrics,
     MetricsExport,
 )
+from sglang_dynamic_eagle.policy import DecodeMode
+from sglang_dynamic_eagle.sglang_compat.hooks import reporting
 
 LABELS = {"model_name": "m", "tp_rank": "0"}
 
@@ -103,26 +103,25 @@ def _throughput_policy():
 
 def _worker_report(policy) -> dict:
     """DynamicEagleWorker.report() of a worker with stand-ins for its GPU parts."""
-    from sglang_dynamic_eagle.host_syncs import HostSyncCounter
-    from sglang_dynamic_eagle.observations import RequestAcceptance
-    from sglang_dynamic_eagle.trace import StepTrace
-    from sglang_dynamic_eagle.worker import DynamicEagleWorker
+    import torch
+
+    from sglang_dynamic_eagle.engine.draft_catchup import DraftCatchup
+    from sglang_dynamic_eagle.engine.observations import PolicyFeed, RequestAcceptance
+    from sglang_dynamic_eagle.engine.plain_decode_graphs import PlainDecodeGraphs
+    from sglang_dynamic_eagle.engine.worker import DynamicEagleWorker
 
     worker = object.__new__(DynamicEagleWorker)
     worker.counters = counters_after([(DecodeMode.SPECULATIVE, 2), (DecodeMode.PLAIN, 8)])
     worker._policy = policy
+    worker._feed = PolicyFeed(policy)
     worker.queued = 3
-    worker._catchup = SimpleNamespace(
-        gpu_time=SimpleNamespace(finished=lambda: [], total_ms=0.0),
-        ring_size=1024, max_window=64, stash_bytes=2**20)
-    worker._pending_catchup_tokens = []
-    worker._trace = StepTrace(None)
-    worker._plain_graphs = SimpleNamespace(max_bs=256, capture_seconds=1.0, capture_gib=0.5)
-    worker._last_position_draft_mlp = True
-    worker._draft_prefill_choice = SimpleNamespace(caught_up=0, behind=0)
+    worker._catchup = DraftCatchup(req_pool_size=4, ring_size=1024, max_window=64, hidden_width=4,
+                                   hidden_dtype=torch.float32, device=torch.device("cpu"))
+    worker._plain_graphs = object.__new__(PlainDecodeGraphs)
+    worker._plain_graphs.graph_runner, worker._plain_graphs.capture_seconds = None, 1.0
+    worker._plain_graphs.capture_gib = 0.5
     worker.request_acceptance = RequestAcceptance()
     worker.prefill_timer = PrefillTimer()
-    worker.host_syncs = HostSyncCounter(enabled=False)
     return worker.report()
 
 
@@ -182,16 +181,17 @@ def test_decode_stats_hook_exports_only_with_metrics_on_the_log_schedule(monkeyp
         created.append(DynamicEagleMetrics(labels, registry=registry))
         return created[-1]
 
-    monkeypatch.setattr("sglang_dynamic_eagle.prometheus_metrics.DynamicEagleMetrics", metrics_in_test_registry)
+    monkeypatch.setattr("sglang_dynamic_eagle.observability.prometheus_metrics.DynamicEagleMetrics",
+                        metrics_in_test_registry)
     worker = _FakeWorker(DecodeMode.PLAIN)
-    monkeypatch.setattr(reporting_hooks, "dynamic_worker", lambda scheduler: worker)
+    monkeypatch.setattr(reporting, "dynamic_worker", lambda scheduler: worker)
 
-    reporting_hooks.report_with_decode_stats(None, _reporter(False, 40))
+    reporting.report_with_decode_stats(None, _reporter(False, 40))
     assert not created
-    reporting_hooks.report_with_decode_stats(None, _reporter(True, 41))
+    reporting.report_with_decode_stats(None, _reporter(True, 41))
     assert not created
-    reporting_hooks.report_with_decode_stats(None, _reporter(True, 80))
-    reporting_hooks.report_with_decode_stats(None, _reporter(True, 120))
+    reporting.report_with_decode_stats(None, _reporter(True, 80))
+    reporting.report_with_decode_stats(None, _reporter(True, 120))
     assert len(created) == 1 and worker.metrics_export.enabled
     assert sample(registry, "plain_steps_total") == 1
     assert sample(registry, "speculative_mode") == 0
@@ -201,10 +201,11 @@ def test_a_failing_export_is_switched_off_not_raised(monkeypatch, caplog) -> Non
     def broken(labels, registry=None):
         raise ValueError("Duplicated timeseries in CollectorRegistry")
 
-    monkeypatch.setattr("sglang_dynamic_eagle.prometheus_metrics.DynamicEagleMetrics", broken)
+    monkeypatch.setattr("sglang_dynamic_eagle.observability.prometheus_metrics.DynamicEagleMetrics",
+                        broken)
     worker = _FakeWorker(DecodeMode.SPECULATIVE)
-    monkeypatch.setattr(reporting_hooks, "dynamic_worker", lambda scheduler: worker)
-    reporting_hooks.report_with_decode_stats(None, _reporter(True, 40))
-    reporting_hooks.report_with_decode_stats(None, _reporter(True, 80))
+    monkeypatch.setattr(reporting, "dynamic_worker", lambda scheduler: worker)
+    reporting.report_with_decode_stats(None, _reporter(True, 40))
+    reporting.report_with_decode_stats(None, _reporter(True, 80))
     assert worker.metrics_export.enabled is False
     assert sum("Prometheus export failed" in record.getMessage() for record in caplog.records) == 1

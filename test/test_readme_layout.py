@@ -11,7 +11,7 @@ from typing import Dict, List
 
 import pytest
 
-from sglang_dynamic_eagle import flags
+from sglang_dynamic_eagle import config
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "python" / "sglang_dynamic_eagle"
@@ -70,7 +70,7 @@ def test_the_sections_users_look_for() -> None:
 
 def test_every_flag_and_environment_variable_is_documented() -> None:
     flag_section = sections(readme())["Flags"]
-    for spec in flags.FLAG_SPECS:
+    for spec in config.FLAG_SPECS:
         assert f"`{spec.flag}" in flag_section, spec.flag
     variables = set()
     for path in PACKAGE.rglob("*.py"):

@@ -10,14 +10,15 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from sglang_dynamic_eagle import flags
+from sglang_dynamic_eagle import config
+from sglang_dynamic_eagle.policy import DISABLE_FLAG, ENABLE_FLAG, PATIENCE_FLAG
 
 pytestmark = pytest.mark.usefixtures("clean_flags_env")
 
 
 def test_entry_point_is_declared():
     eps = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
-    assert eps.get("dynamic_eagle") == "sglang_dynamic_eagle.plugin:register"
+    assert eps.get("dynamic_eagle") == "sglang_dynamic_eagle.sglang_compat.plugin:register"
 
 
 def test_from_string_returns_our_spec(loaded_plugins):
@@ -50,12 +51,12 @@ def test_spec_behaves_like_eagle3(loaded_plugins):
 
 
 def test_spec_validator_checks_hooks_then_flags(loaded_plugins, monkeypatch):
-    from sglang_dynamic_eagle import plugin, upstream_internals
+    from sglang_dynamic_eagle.sglang_compat import launcher, plugin, registry
 
     assert loaded_plugins.validate_server_args is plugin._validate_server_args
     calls = []
-    monkeypatch.setattr(upstream_internals, "check_hooks_in_effect", lambda: calls.append("hooks"))
-    monkeypatch.setattr(flags, "validate_server_args", lambda args: calls.append("flags"))
+    monkeypatch.setattr(registry, "check_hooks_in_effect", lambda: calls.append("hooks"))
+    monkeypatch.setattr(launcher, "validate_server_args", lambda args: calls.append("flags"))
     plugin._validate_server_args(object())
     assert calls == ["hooks", "flags"]
 
@@ -63,7 +64,7 @@ def test_spec_validator_checks_hooks_then_flags(loaded_plugins, monkeypatch):
 def test_register_is_idempotent(loaded_plugins):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_dynamic_eagle import plugin
+    from sglang_dynamic_eagle.sglang_compat import plugin
 
     plugin.register()
     assert SpeculativeAlgorithm.from_string("EAGLE3_DYNAMIC") is loaded_plugins
@@ -72,7 +73,7 @@ def test_register_is_idempotent(loaded_plugins):
 def test_register_leaves_the_excepthook_alone(loaded_plugins, monkeypatch):
     """sglang loads plugins in every process, whatever the algorithm; the one-line printing of
     start-up refusals is installed for EAGLE3_DYNAMIC command lines only (test_startup_errors)."""
-    from sglang_dynamic_eagle import plugin
+    from sglang_dynamic_eagle.sglang_compat import plugin
 
     monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
     plugin.register()
@@ -87,13 +88,13 @@ def test_serverargs_hooks_are_applied(loaded_plugins):
     assert isinstance(ServerArgs.__dict__["from_cli_args"], classmethod)
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    for flag in (flags.DISABLE_FLAG, flags.ENABLE_FLAG, flags.PATIENCE_FLAG):
+    for flag in (DISABLE_FLAG, ENABLE_FLAG, PATIENCE_FLAG):
         assert flag in parser._option_string_actions, flag
 
 
 def test_launch_server_help_lists_flags():
     env = dict(os.environ)
-    env.pop(flags.ENV_VAR, None)
+    env.pop(config.ENV_VAR, None)
     proc = subprocess.run(
         [sys.executable, "-m", "sglang.launch_server", "--help"],
         capture_output=True,
@@ -102,6 +103,6 @@ def test_launch_server_help_lists_flags():
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for flag in (flags.DISABLE_FLAG, flags.ENABLE_FLAG, flags.PATIENCE_FLAG):
+    for flag in (DISABLE_FLAG, ENABLE_FLAG, PATIENCE_FLAG):
         assert flag in proc.stdout, f"{flag} missing from --help"
     assert "EAGLE3_DYNAMIC" in proc.stdout

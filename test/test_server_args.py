@@ -1,7 +1,7 @@
 """sglang's real argument path on CPU: prepare_server_args -> ServerArgs.__post_init__.
 
 Expectations marked ``LEAD:`` encode behaviour of spec_algo.DynamicEagleSpecAlgo
-.handle_server_args (not of flags.py); they are written from the project brief.
+.handle_server_args (not of the flags); they are written from the project brief.
 """
 
 from __future__ import annotations
@@ -11,15 +11,10 @@ import os
 
 import pytest
 
-from sglang_dynamic_eagle import flags
-from sglang_dynamic_eagle.startup_errors import StartupError
-from sglang_dynamic_eagle.flags import (
-    DISABLE_FLAG,
-    ENABLE_FLAG,
-    ENV_VAR,
-    PATIENCE_FLAG,
-    DynamicEagleFlags,
-)
+from sglang_dynamic_eagle import config
+from sglang_dynamic_eagle.config import ENV_VAR, Config
+from sglang_dynamic_eagle.policy import DISABLE_FLAG, ENABLE_FLAG, PATIENCE_FLAG
+from sglang_dynamic_eagle.sglang_compat.startup_errors import StartupError
 
 pytestmark = pytest.mark.usefixtures("clean_flags_env")
 
@@ -132,15 +127,15 @@ def test_lowercase_algorithm_name(prepare, draft):
     assert server_args.speculative_algorithm == "EAGLE3_DYNAMIC"
 
 
-# ---------------------------------------------------------------- flags reach current_flags()
+# ---------------------------------------------------------------- flags reach load_config()
 
 
-def test_flags_land_in_current_flags(prepare, draft):
+def test_flags_land_in_load_config(prepare, draft):
     prepare(
         "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *CHAIN,
         DISABLE_FLAG, "32", ENABLE_FLAG, "8", PATIENCE_FLAG, "2",
     )
-    assert flags.current_flags() == DynamicEagleFlags(32, 8, 2)
+    assert config.load_config() == Config(32, 8, 2)
     assert json.loads(os.environ[ENV_VAR]) == {
         "disable_batch_threshold": 32,
         "enable_batch_threshold": 8,
@@ -150,25 +145,25 @@ def test_flags_land_in_current_flags(prepare, draft):
 
 def test_only_disable_threshold_given(prepare, draft):
     prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *CHAIN, DISABLE_FLAG, "12")
-    assert flags.current_flags() == DynamicEagleFlags(12, 8, 4)
+    assert config.load_config() == Config(12, 8, 4)
 
 
 def test_no_flags_give_defaults_even_over_stale_env(prepare, draft, monkeypatch):
     monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 99}))
     prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *CHAIN)
-    assert flags.current_flags() == flags.DEFAULT_FLAGS
+    assert config.load_config() == config.DEFAULT_CONFIG
 
 
 def test_flags_from_config_file(prepare, draft, tmp_path):
     """sglang's --config YAML goes through the same parser, so our flags work there too."""
-    config = tmp_path / "server.yaml"
-    config.write_text(
+    config_file = tmp_path / "server.yaml"
+    config_file.write_text(
         "speculative-algorithm: EAGLE3_DYNAMIC\n"
         "speculative-disable-batch-threshold: 20\n"
         "speculative-switch-patience: 6\n"
     )
-    prepare("--config", str(config), *draft, *CHAIN)
-    assert flags.current_flags() == DynamicEagleFlags(20, 13, 6)
+    prepare("--config", str(config_file), *draft, *CHAIN)
+    assert config.load_config() == Config(20, 13, 6)
 
 
 def test_zero_disables_switching_and_ignores_enable(prepare, draft):
@@ -176,7 +171,7 @@ def test_zero_disables_switching_and_ignores_enable(prepare, draft):
         "--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *CHAIN,
         DISABLE_FLAG, "0", ENABLE_FLAG, "64",
     )
-    assert flags.current_flags() == DynamicEagleFlags(0, 64, 4)
+    assert config.load_config() == Config(0, 64, 4)
 
 
 def test_flags_without_our_algorithm_are_accepted(prepare, draft):
@@ -206,7 +201,7 @@ def test_python_api_path_reads_env(tiny_models, loaded_plugins, monkeypatch):
         ServerArgs(**kwargs)
     monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 40}))
     ServerArgs(**kwargs)
-    assert flags.current_flags() == DynamicEagleFlags(40, 16, 4)
+    assert config.load_config() == Config(40, 16, 4)
 
 
 # ---------------------------------------------------------------- bad input at startup
@@ -269,18 +264,11 @@ def test_same_input_is_fine_for_eagle3(prepare, draft, argv):
     prepare("--speculative-algorithm", "EAGLE3", *draft, *argv)
 
 
-@pytest.mark.parametrize(
-    "argv, flag",
-    [
-        ([DISABLE_FLAG, "-1"], DISABLE_FLAG),
-        ([DISABLE_FLAG, "ten"], DISABLE_FLAG),
-        ([ENABLE_FLAG, "2.5"], ENABLE_FLAG),
-        ([PATIENCE_FLAG, "0"], PATIENCE_FLAG),
-    ],
-)
-def test_bad_flag_value_is_a_one_line_startup_error(prepare, draft, argv, flag):
+@pytest.mark.parametrize("flag, value", [(DISABLE_FLAG, "-1"), (DISABLE_FLAG, "ten"),
+                                         (ENABLE_FLAG, "2.5"), (PATIENCE_FLAG, "0")])
+def test_bad_flag_value_is_a_one_line_startup_error(prepare, draft, flag, value):
     """A StartupError: the launcher prints it as one line, without argparse's usage text."""
     with pytest.raises(StartupError) as excinfo:
-        prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, *argv)
+        prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, flag, value)
     message = str(excinfo.value)
     assert flag in message and "\n" not in message

@@ -1,4 +1,4 @@
-"""spec_algo.py graph sizing on CPU: speculative_graph_max_bs, _limit_speculative_graphs.
+"""Speculative graph sizing on CPU: Config.speculative_graph_max_bs, spec_algo._limit_speculative_graphs.
 
 ``_limit_speculative_graphs`` gets a stand-in server_args holding sglang's real
 ``PhaseConfig``; the threshold comes from ``SGLANG_DYNAMIC_EAGLE_FLAGS`` as in a
@@ -14,8 +14,9 @@ from typing import List, Optional
 import pytest
 
 from sglang.srt.model_executor.cuda_graph_config import PhaseConfig
-from sglang_dynamic_eagle.flags import ENV_VAR, DynamicEagleFlags, current_flags
-from sglang_dynamic_eagle.spec_algo import _limit_speculative_graphs, speculative_graph_max_bs
+
+from sglang_dynamic_eagle.config import ENV_VAR, Config
+from sglang_dynamic_eagle.sglang_compat.spec_algo import _limit_speculative_graphs
 
 pytestmark = pytest.mark.usefixtures("clean_flags_env")
 
@@ -52,30 +53,8 @@ def _set_flags(monkeypatch: pytest.MonkeyPatch, **values: int) -> None:
     ],
 )
 def test_speculative_graph_max_bs(threshold: Optional[int], graph_max_bs: int, expected: int) -> None:
-    assert speculative_graph_max_bs(threshold, graph_max_bs) == expected
-
-
-# ---------------------------------------------------------------- current_flags
-
-
-def test_current_flags_defaults_without_env() -> None:
-    assert current_flags() == DynamicEagleFlags(
-        disable_batch_threshold=None, enable_batch_threshold=None, switch_patience=4
-    )
-
-
-def test_current_flags_reads_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    _set_flags(monkeypatch, disable_batch_threshold=12, switch_patience=2)
-    # enable threshold derived: max(1, min(16, 2 * 12 // 3)) = 8
-    assert current_flags() == DynamicEagleFlags(
-        disable_batch_threshold=12, enable_batch_threshold=8, switch_patience=2
-    )
-
-
-def test_current_flags_rejects_non_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_VAR, "disable_batch_threshold=12")
-    with pytest.raises(ValueError, match=ENV_VAR):
-        current_flags()
+    config = Config(disable_batch_threshold=threshold)
+    assert config.speculative_graph_max_bs(graph_max_bs) == expected
 
 
 # ---------------------------------------------------------------- _limit_speculative_graphs

@@ -11,9 +11,10 @@ from typing import List
 
 import pytest
 
-from sglang_dynamic_eagle import flags
-from sglang_dynamic_eagle.gpu_check import NEEDS, missing_nvidia_gpu
-from sglang_dynamic_eagle.startup_errors import (
+from sglang_dynamic_eagle import config
+from sglang_dynamic_eagle.sglang_compat import launcher
+from sglang_dynamic_eagle.sglang_compat.gpu_check import NEEDS, missing_nvidia_gpu
+from sglang_dynamic_eagle.sglang_compat.startup_errors import (
     StartupError,
     install_excepthook,
     one_line_excepthook,
@@ -41,7 +42,7 @@ def without_python_warnings(output: str) -> List[str]:
 
 def launch(*argv: str) -> subprocess.CompletedProcess:
     """sglang's real launcher, with no --device: sglang would look for an accelerator."""
-    env = {key: value for key, value in os.environ.items() if key != flags.ENV_VAR}
+    env = {key: value for key, value in os.environ.items() if key != config.ENV_VAR}
     return subprocess.run(
         [sys.executable, "-m", "sglang.launch_server", "--model-path", "some/model", *argv],
         capture_output=True, text=True, timeout=300, env=env,
@@ -114,7 +115,7 @@ no_gpu_here = pytest.mark.skipif(
 def test_first_contact_without_a_gpu_is_one_line(argv, expected) -> None:
     """The command a user types first, on a machine without a GPU: this package's own
     refusal first, then the GPU; one line, no traceback (before: 48 lines, two chained
-    tracebacks through flags.py ending in sglang's "No accelerator")."""
+    tracebacks through the flags module ending in sglang's "No accelerator")."""
     proc = launch("--speculative-algorithm", "EAGLE3_DYNAMIC", *argv)
     lines = without_python_warnings(proc.stderr + proc.stdout)
     assert proc.returncode == 1
@@ -155,11 +156,11 @@ def test_only_a_command_line_that_selects_the_algorithm_gets_the_excepthook(
     parser.add_argument("--speculative-algorithm", default=None)
     parser.add_argument("--speculative-draft-model-path", default=None)
     parser.add_argument("--device", default=None)
-    flags.add_cli_args(parser)
+    launcher.add_cli_args(parser)
     for argv in ([], ["--speculative-algorithm", "EAGLE3"]):
-        flags.around_from_cli_args(lambda cls, args: None, object, parser.parse_args(argv))
+        launcher.around_from_cli_args(lambda cls, args: None, object, parser.parse_args(argv))
         assert sys.excepthook is sys.__excepthook__, argv
-    flags.around_from_cli_args(lambda cls, args: None, object, parser.parse_args(
+    launcher.around_from_cli_args(lambda cls, args: None, object, parser.parse_args(
         ["--speculative-algorithm", "EAGLE3_DYNAMIC", "--speculative-draft-model-path", "d",
          "--device", "cpu"]))
     # Other libraries may wrap it in turn (nvidia-cutlass-dsl's hook, imported with sglang's
@@ -177,10 +178,10 @@ def test_a_server_without_the_algorithm_keeps_python_s_tracebacks(tiny_models) -
         "load_plugins()\n"
         "from sglang.srt.server_args import prepare_server_args\n"
         f"prepare_server_args(['--model-path', {tiny_models.llama!r}, '--device', 'cpu'])\n"
-        "from sglang_dynamic_eagle.startup_errors import StartupError\n"
+        "from sglang_dynamic_eagle.sglang_compat.startup_errors import StartupError\n"
         "raise StartupError('a plain server')\n"
     )
-    env = {key: value for key, value in os.environ.items() if key != flags.ENV_VAR}
+    env = {key: value for key, value in os.environ.items() if key != config.ENV_VAR}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, env=env)
     assert proc.returncode == 1

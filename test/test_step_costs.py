@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
 
-from sglang_dynamic_eagle import step_costs
+from sglang_dynamic_eagle.engine import step_costs
 from sglang_dynamic_eagle.policy import DecodeMode
 
 
@@ -105,19 +105,27 @@ class _AllReduceMax:
         return reduce
 
 
-def _run_ranks(timers, steps=24):
+def _run_ranks(timers, steps=24, catchup_ms=None, catchups=None):
+    """Ranks in threads; ``catchup_ms[rank](step)``: that rank's GPU time of a catch-up launched
+    at ``step`` (catch-ups at steps 3 and 9, timed one step later, 10 tokens each)."""
     all_reduce = _AllReduceMax(len(timers))
     received = [[] for _ in timers]
     feeds = []
     for rank, timer in enumerate(timers):
-        feed = step_costs.TimingFeed(all_reduce.for_rank(rank),
-                                     lambda *args, rank=rank: received[rank].append(args),
-                                     feed_steps=4)
+        feed = step_costs.TimingFeed(
+            all_reduce.for_rank(rank), lambda *args, rank=rank: received[rank].append(args),
+            feed_steps=4, catchup_sink=None if catchups is None
+            else lambda tokens, ms, rank=rank: catchups[rank].append((tokens, ms)))
         feed._timer = timer
+        feed.rank = rank
         feeds.append(feed)
 
     def run(feed):
         for step in range(1, steps + 1):
+            if catchup_ms is not None and step in (3, 9):
+                feed.catchup_launched(step, 10)
+            if catchup_ms is not None and step in (4, 10):
+                feed.catchup_timed(catchup_ms[feed.rank](step - 1))
             feed.step_done(step, DecodeMode.SPECULATIVE, 4, 100 * step)
 
     threads = [threading.Thread(target=run, args=(feed,)) for feed in feeds]
@@ -150,3 +158,13 @@ def test_identical_timings_control_without_the_all_reduce() -> None:
         for step in range(1, 25):
             feed.step_done(step, DecodeMode.SPECULATIVE, 4, 100 * step)
     assert received[0] != received[1]
+
+
+def test_ranks_hand_the_policy_identical_catchup_costs() -> None:
+    """A catch-up's GPU time differs by rank; the policy gets the slower one on every rank, in
+    the same feed."""
+    catchups = [[], []]
+    _run_ranks([_FakeTimer(lambda step: 10.0), _FakeTimer(lambda step: 10.0)],
+               catchup_ms=[lambda step: 2.0 + step, lambda step: 5.0 - step / 10],
+               catchups=catchups)
+    assert catchups[0] == catchups[1] == [(10, 5.0), (10, 11.0)]

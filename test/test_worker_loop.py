@@ -1,5 +1,5 @@
 """The worker's decode loop on CPU, with stand-ins for EAGLE's own step, the plain step, the
-catch-up, the timing feed, the prefill timer and the draft prefill choice, and real policies
+catch-up, the timing feed and the prefill timer's events, and real policies
 (the threshold policy for the paths, the throughput policy where its inputs matter): which path
 each step took, what the policy was told, what was forgotten, caught up, counted, timed, traced
 and fed to the acceptance records."""
@@ -7,7 +7,6 @@ and fed to the acceptance records."""
 from __future__ import annotations
 
 import json
-from collections import deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import List, Optional, Sequence, Tuple
@@ -17,22 +16,19 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-from sglang_dynamic_eagle.counters import ModeCounters
-from sglang_dynamic_eagle.draft_catchup import CatchupPlan, batch_req_pool_indices
-from sglang_dynamic_eagle.host_syncs import HostSyncCounter
-from sglang_dynamic_eagle.observations import RequestAcceptance
-from sglang_dynamic_eagle.policy import (
-    DecodeMode,
-    StepObservation,
-    ThresholdPolicy,
-    ThresholdPolicyConfig,
-)
+from sglang_dynamic_eagle.config import TRACE_ENV, load_config
+from sglang_dynamic_eagle.engine.draft_catchup import CatchupPlan, batch_req_pool_indices
+from sglang_dynamic_eagle.engine.observations import PolicyFeed, RequestAcceptance
+from sglang_dynamic_eagle.engine.step_costs import TimingFeed
+from sglang_dynamic_eagle.engine.worker import DynamicEagleWorker
+from sglang_dynamic_eagle.observability.counters import ModeCounters
+from sglang_dynamic_eagle.observability.prefill_timing import PrefillTimer
+from sglang_dynamic_eagle.observability.trace import TracedFeed, traced
+from sglang_dynamic_eagle.policy import DecodeMode, StepObservation, ThresholdPolicy
+from sglang_dynamic_eagle.policy import ThresholdPolicyConfig
 from sglang_dynamic_eagle.policy.replay import TraceStep, load_trace
 from sglang_dynamic_eagle.policy.throughput import ThroughputPolicyConfig, new_throughput_policy
-from sglang_dynamic_eagle.spec_algo import DynamicEagleSpecAlgo
-from sglang_dynamic_eagle.step_costs import TimingFeed
-from sglang_dynamic_eagle.trace import TRACE_ENV, StepTrace
-from sglang_dynamic_eagle.worker import DynamicEagleWorker
+from sglang_dynamic_eagle.sglang_compat.spec_algo import DynamicEagleSpecAlgo
 
 SPEC = DecodeMode.SPECULATIVE
 PLAIN = DecodeMode.PLAIN
@@ -48,12 +44,12 @@ def catchup_ms(tokens: int) -> float:
 class FakeGpuTime:
     """GpuIntervals without events: every interval has completed by the next read."""
 
-    pending: List[float] = field(default_factory=list)
+    pending: List[Tuple[int, float]] = field(default_factory=list)
     total_ms: float = 0.0
 
-    def finished(self) -> List[float]:
+    def finished(self) -> List[Tuple[int, float]]:
         done, self.pending = self.pending, []
-        self.total_ms += sum(done)
+        self.total_ms += sum(ms for _, ms in done)
         return done
 
 
@@ -82,7 +78,7 @@ class FakeCatchup:
             return None
         self.caught_up.append([indices[row] for row in rows])
         lengths = [self.missed.pop(indices[row]) for row in rows]
-        self.gpu_time.pending.append(catchup_ms(sum(lengths)))
+        self.gpu_time.pending.append((sum(lengths), catchup_ms(sum(lengths))))
         return CatchupPlan(rows=rows, lengths=lengths, truncated_tokens=0)
 
 
@@ -103,9 +99,17 @@ class FakeTimings:
 
     steps: List[Tuple[int, DecodeMode, int, int]] = field(default_factory=list)
     interrupts: int = 0
+    catchups: List[Tuple[int, int]] = field(default_factory=list)  # (launching step, tokens)
+    catchup_times: List[float] = field(default_factory=list)
 
     def step_done(self, step: int, mode: DecodeMode, batch_size: int, kv_tokens: int) -> None:
         self.steps.append((step, mode, batch_size, kv_tokens))
+
+    def catchup_launched(self, step: int, tokens: int) -> None:
+        self.catchups.append((step, tokens))
+
+    def catchup_timed(self, ms: float) -> None:
+        self.catchup_times.append(ms)
 
     def interrupt(self) -> None:
         self.interrupts += 1
@@ -129,11 +133,12 @@ class ImmediateTimer:
         pass
 
 
-@dataclass
-class FakePrefillTimer:
-    """Records the order of PrefillTimer calls."""
+class FakePrefillTimer(PrefillTimer):
+    """PrefillTimer with its events recorded in order instead of recorded on a GPU."""
 
-    calls: List[str] = field(default_factory=list)
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: List[str] = []
 
     def harvest(self) -> None:
         self.calls.append("harvest")
@@ -148,21 +153,6 @@ class FakePrefillTimer:
 
     def stop(self, events: SimpleNamespace) -> None:
         self.calls.append("stop")
-
-
-@dataclass
-class RecordingDraftPrefillChoice:
-    """The target-extend ends the worker marked for the draft layer's choice."""
-
-    marks: List[str] = field(default_factory=list)
-    pending: Optional[str] = None
-
-    def mark_target_end(self, event: str) -> None:
-        self.marks.append(event)
-        self.pending = event
-
-    def clear(self) -> None:
-        self.pending = None
 
 
 class ObservedPolicy:
@@ -207,7 +197,6 @@ def worker(monkeypatch):
     48, its observations kept in ``worker._policy.observations``."""
     eagle_calls: List[str] = []
     verify_calls: List[int] = []
-    draft_extend_marks: List[Optional[str]] = []
 
     def eagle_step(self, batch, on_publish=None, grammar_barrier=None):
         eagle_calls.append(batch.forward_mode.name)
@@ -216,7 +205,6 @@ def worker(monkeypatch):
             self.prefill_timer.calls.append("target extend")
             on_publish("new seq lens")
             self.prefill_timer.calls.append("draft extend")
-            draft_extend_marks.append(self._draft_prefill_choice.pending)
         return SimpleNamespace(can_run_cuda_graph=True)
 
     def eagle_verify_hook(self, num_correct_drafts_per_req, batch_size=0):
@@ -230,23 +218,25 @@ def worker(monkeypatch):
     instance.counters = ModeCounters()
     instance.request_acceptance = RequestAcceptance()
     instance.queued = 0
-    instance._policy = ObservedPolicy(ThresholdPolicy(ThresholdPolicyConfig(2, 2, 1, 48)))
+    use_policy(instance, ObservedPolicy(ThresholdPolicy(ThresholdPolicyConfig(2, 2, 1, 48))))
     instance._catchup = catchup
     instance._plain_step = FakePlainStep(catchup)
     instance._timings = FakeTimings()
-    instance._trace = StepTrace.from_environment()
     instance._decode_step = 0
-    instance._pending_catchup_tokens = deque()
     instance.prefill_timer = FakePrefillTimer()
-    instance._draft_prefill_choice = RecordingDraftPrefillChoice()
-    instance.host_syncs = HostSyncCounter(enabled=False)
     instance._draft_worker = None
     instance.plan_stream = None
     instance._last_step_plain = False
     instance.eagle_calls = eagle_calls
     instance.verify_calls = verify_calls
-    instance.draft_extend_marks = draft_extend_marks
     return instance
+
+
+def use_policy(worker, policy) -> None:
+    """The worker's policy and its feed, traced as the environment says (as ``startup``
+    builds them)."""
+    learner = policy.policy if isinstance(policy, ObservedPolicy) else policy
+    worker._policy, worker._feed = traced(policy, PolicyFeed(learner), load_config().trace_path)
 
 
 class FakeReq:
@@ -328,7 +318,8 @@ def test_batch_sizes_1_40_1_take_each_path_and_catch_up(worker) -> None:
     # The prefill and the catch-up both break the run of step timings.
     assert worker._timings.interrupts == 2
     # The catch-up's GPU time was read back in the step that launched it.
-    assert not worker._pending_catchup_tokens and worker._catchup.gpu_time.total_ms == catchup_ms(3)
+    assert not worker._catchup.gpu_time.pending
+    assert worker._catchup.gpu_time.total_ms == catchup_ms(3)
 
 
 def test_prefill_forgets_what_plain_steps_left_to_catch_up(worker) -> None:
@@ -365,20 +356,6 @@ def test_decode_steps_are_not_timed_as_prefills(worker) -> None:
     decode(worker, [0])
     decode(worker, range(10))
     assert worker.prefill_timer.calls == []
-
-
-def test_each_prefills_draft_extend_reads_its_own_target_end_and_no_later_forward_does(
-    worker,
-) -> None:
-    prefill(worker, [0])
-    decode(worker, [0, 1, 2])  # plain
-    prefill(worker, [3, 4])
-    decode(worker, [0])  # speculative, after a catch-up (a draft forward without a mark)
-    # harvest, start, target extend, target done: the 4th call; the second prefill's the 10th.
-    assert worker.draft_extend_marks == ["target end 4", "target end 10"]
-    assert worker._draft_prefill_choice.marks == ["target end 4", "target end 10"]
-    assert worker._catchup.caught_up == [[0]]
-    assert worker._draft_prefill_choice.pending is None  # unread marks do not reach a catch-up
 
 
 def test_idle_batches_take_eagles_path_and_break_timing(worker) -> None:
@@ -470,7 +447,7 @@ def test_the_queue_and_the_remaining_tokens_reach_the_throughput_policy(worker) 
     """At batch 1 speculation pays; with 31 requests queued the batch heads for 32, where it
     does not (a burst leaves speculation at its first step); and a request with one token
     left gains nothing from speculating."""
-    worker._policy = ObservedPolicy(throughput_policy())
+    use_policy(worker, ObservedPolicy(throughput_policy()))
     decode(worker, [0])
     worker.queued = 31
     decode(worker, [0])
@@ -487,11 +464,12 @@ def test_the_queue_and_the_remaining_tokens_reach_the_throughput_policy(worker) 
 
 def test_verifies_catchups_and_step_times_reach_the_throughput_policy(worker) -> None:
     policy = throughput_policy()
-    worker._policy = policy
+    use_policy(worker, policy)
     catchups = []
     add_catchup = policy.add_catchup
     policy.add_catchup = lambda tokens, ms: catchups.append((tokens, ms)) or add_catchup(tokens, ms)
-    worker._timings = TimingFeed(list, worker._on_step_time, feed_steps=2)
+    worker._timings = TimingFeed(list, worker._feed.step_time, feed_steps=2,
+                                 catchup_sink=worker._feed.catchup)
     worker._timings._timer = ImmediateTimer(lambda step: 10.0 + step)
 
     decode(worker, [0])  # step 1: speculative
@@ -503,10 +481,11 @@ def test_verifies_catchups_and_step_times_reach_the_throughput_policy(worker) ->
     assert policy.acceptance.server_mean == pytest.approx(3.0)
     worker.queued = 0
     decode(worker, [0])  # step 3: speculative, after catching up slot 0's one plain position
-    assert catchups == [(1, catchup_ms(1))]
     decode(worker, [0])  # step 4: steps [0, 2) are handed over
     decode(worker, [0])
+    assert catchups == []  # the catch-up of step 3 travels with that step's window
     decode(worker, [0])  # step 6: steps [2, 4)
+    assert catchups == [(1, catchup_ms(1))]
     # /server_info lists the decisions whose time came back, then the latest one.
     measured = {d["step"]: d["measured_ms"] for d in policy.report()["recent_decisions"]}
     assert measured == {1: 11.0, 2: 12.0, 3: 13.0, 6: None}
@@ -519,15 +498,16 @@ def test_the_trace_records_steps_times_verifies_and_catchups(worker, tmp_path, m
                                                               ) -> None:
     path = tmp_path / "trace.jsonl"
     monkeypatch.setenv(TRACE_ENV, str(path))
-    worker._trace = StepTrace.from_environment()
+    use_policy(worker, worker._policy)
     decode(worker, [0])  # step 1: speculative
     worker.queued = 4
     decode(worker, [0, 1, 2])  # step 2: plain
     worker.on_verify_complete_cpu([2])  # step 1's result: 3 tokens
     worker.on_verify_complete_cpu([1, 1, 1])  # step 2's: plain, not traced
-    worker._on_step_time(2, PLAIN, 3, 3 * KV_PER_REQUEST, 4.5)
+    worker._feed.step_time(2, PLAIN, 3, 3 * KV_PER_REQUEST, 4.5)
     worker.queued = 0
     decode(worker, [0])  # step 3: speculative, after catching up one position
+    worker._feed.catchup(1, catchup_ms(1))  # as the timing feed hands it over
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["k"] for r in records] == ["step", "step", "verify", "time", "step", "catchup"]
     assert records[1] == {**records[1], "step": 2, "mode": "plain", "b": 3, "kv": 300, "q": 4}
@@ -542,7 +522,7 @@ def test_the_trace_records_steps_times_verifies_and_catchups(worker, tmp_path, m
 
 def test_without_the_variable_nothing_is_traced(worker, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert not worker._trace.enabled
+    assert load_config().trace_path is None and not isinstance(worker._feed, TracedFeed)
     decode(worker, [0])
     worker.on_verify_complete_cpu([1])
     assert list(tmp_path.iterdir()) == []

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from sglang_dynamic_eagle import __version__
-from sglang_dynamic_eagle.gpu_check import missing_nvidia_gpu
+from sglang_dynamic_eagle.sglang_compat.gpu_check import missing_nvidia_gpu
 
 Capability = Tuple[int, int]
 

@@ -8,7 +8,7 @@ from typing import Iterator, List
 
 import pytest
 
-from sglang_dynamic_eagle.draft_catchup import CATCHUP_WINDOW_ENV
+from sglang_dynamic_eagle.config import CATCHUP_WINDOW_ENV
 
 from gpu_servers import (
     MODEL_FOLDERS,

@@ -44,7 +44,7 @@ from token_comparison import (
     flip_allowance,
 )
 
-from sglang_dynamic_eagle.host_syncs import SYNC_CHECK_ENV
+from sglang_dynamic_eagle.config import SYNC_CHECK_ENV
 
 pytestmark = pytest.mark.gpu
 
@@ -236,12 +236,12 @@ def test_prefills_and_plain_steps_do_not_wait_for_the_gpu(servers):
                if site.startswith(("prefill ", "plain "))}
     print(
         f"host syncs {syncs}; prefill batches {counters['prefill_batches']}, target / draft "
-        f"GPU ms {counters['prefill_target_gpu_ms']} / {counters['prefill_draft_gpu_ms']}, "
-        f"draft prefill {counters['draft_prefill']}; {comparison.summary()}"
+        f"GPU ms {counters['prefill_target_gpu_ms']} / {counters['prefill_draft_gpu_ms']}; "
+        f"{comparison.summary()}"
     )
     assert not comparison.failures
     assert counters["plain_steps"] > 0 and counters["prefill_batches"] > 0
-    assert counters["prefill_draft_gpu_ms"] > 0 and counters["draft_prefill"] == "last-position"
+    assert counters["prefill_draft_gpu_ms"] > 0
     assert not waiting
 
 

@@ -36,7 +36,7 @@ PHASES: Tuple[Tuple[str, str, bool], ...] = (
     ("draft", "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft", True),
     ("verify", "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.verify", True),
     ("draft_extend", "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode", True),
-    ("dynamic_forward", "sglang_dynamic_eagle.worker.DynamicEagleWorker.forward_batch_generation", True),
+    ("dynamic_forward", "sglang_dynamic_eagle.engine.worker.DynamicEagleWorker.forward_batch_generation", True),
 )
 
 

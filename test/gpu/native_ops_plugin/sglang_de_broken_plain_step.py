@@ -24,7 +24,7 @@ def register() -> None:
         return
     if value != KV_SLOT:
         raise ValueError(f"{BREAK_ENV} must be {KV_SLOT!r}, got {value!r}")
-    from sglang_dynamic_eagle import plain_step
+    from sglang_dynamic_eagle.engine import plain_step
 
     turn_into_decode_batch = plain_step.turn_into_decode_batch
 

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Type
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import get_spec
 
-from sglang_dynamic_eagle import flags, upstream_internals
-from sglang_dynamic_eagle.spec_algo import ALGORITHM_NAME, DynamicEagleSpecAlgo
+from sglang_dynamic_eagle.policy import ALGORITHM_NAME
+from sglang_dynamic_eagle.sglang_compat import launcher, registry
+from sglang_dynamic_eagle.sglang_compat.spec_algo import DynamicEagleSpecAlgo
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
@@ -23,17 +24,25 @@ logger = logging.getLogger(__name__)
 
 
 def _worker_class(server_args: ServerArgs) -> Type:
-    # Imported lazily: the worker pulls in torch kernels that the launcher
-    # process (argument parsing, --help) never needs.
-    from sglang_dynamic_eagle.worker import DynamicEagleWorker
+    """The worker class, called in each scheduler process right before it builds its worker:
+    start-up refuses there, with one line, an sglang whose internals are not those of the
+    registry. With ``SGLANG_DYNAMIC_EAGLE_SYNC_CHECK=1``, the worker with the host-sync check."""
+    registry.check_at_start_up()
+    # Imported here: the worker pulls in torch kernels that the launcher process (argument
+    # parsing, --help) never needs.
+    from sglang_dynamic_eagle.config import load_config
+    from sglang_dynamic_eagle.engine.worker import DynamicEagleWorker
+    from sglang_dynamic_eagle.observability.host_syncs import with_host_sync_check
 
+    if load_config().sync_check:
+        return with_host_sync_check(DynamicEagleWorker)
     return DynamicEagleWorker
 
 
 def _validate_server_args(server_args: ServerArgs) -> None:
     """Runs inside ``ServerArgs.__post_init__``, after ``load_plugins()`` applied the hooks."""
-    upstream_internals.check_hooks_in_effect()
-    flags.validate_server_args(server_args)
+    registry.check_hooks_in_effect()
+    launcher.validate_server_args(server_args)
 
 
 def register() -> None:
@@ -41,7 +50,7 @@ def register() -> None:
 
     It leaves ``sys.excepthook`` alone: the one-line printing of start-up refusals is installed
     by the launcher hook, and only for a command line that selects EAGLE3_DYNAMIC
-    (``flags.around_from_cli_args``)."""
+    (``launcher.around_from_cli_args``)."""
     if get_spec(ALGORITHM_NAME) is not None:
         return
     SpeculativeAlgorithm.register(
@@ -50,5 +59,5 @@ def register() -> None:
         validate_server_args=_validate_server_args,
         spec_class=DynamicEagleSpecAlgo,
     )(_worker_class)
-    upstream_internals.install_hooks()
+    registry.install_hooks()
     logger.debug("Registered speculative algorithm %s", ALGORITHM_NAME)

@@ -8,7 +8,7 @@ and only changes what EAGLE3_DYNAMIC does differently at server-argument time:
 * no cap of 48 running requests (plain mode serves as many requests as a
   server without speculation would);
 * the speculative CUDA graphs (target verify, draft, draft extend) are captured
-  only up to ``speculative_graph_max_bs``; the plain-decode graphs built by the
+  only up to ``Config.speculative_graph_max_bs``; the plain-decode graphs built by the
   worker cover the full ``--cuda-graph-max-bs-decode``.
 """
 
@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Optional
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_dynamic_eagle.draft_catchup import catchup_budget_bytes, catchup_max_window
-from sglang_dynamic_eagle.draft_prefill import draft_prefill_choice
-from sglang_dynamic_eagle.flags import ALGORITHM_NAME, current_flags
+from sglang_dynamic_eagle.config import load_config
+from sglang_dynamic_eagle.policy import ALGORITHM_NAME
 
 if TYPE_CHECKING:
     import torch
@@ -36,20 +35,6 @@ logger = logging.getLogger(__name__)
 _EAGLE3 = SpeculativeAlgorithm.EAGLE3
 # The chain completed when only the topk 1 is given (EAGLE3 would need steps and draft tokens).
 DEFAULT_CHAIN_SHAPE = (3, 1, 4)
-
-
-def speculative_graph_max_bs(disable_batch_threshold: Optional[int], graph_max_bs: int) -> int:
-    """Largest batch the speculative graphs are captured for.
-
-    ``None`` (automatic policy) and threshold 0 (always speculate): every graph size, so the
-    policy can speculate at any batch where the measured costs say it pays (at high
-    acceptance that can be well above stock EAGLE's 48). With a fixed threshold, twice the
-    disable threshold leaves room for the ``--speculative-switch-patience`` steps that may
-    still run speculatively above it (at 24 that is EAGLE's 48).
-    """
-    if disable_batch_threshold is None or disable_batch_threshold == 0:
-        return graph_max_bs
-    return max(1, min(graph_max_bs, 2 * disable_batch_threshold))
 
 
 class DynamicEagleSpecAlgo(CustomSpecAlgo):
@@ -95,12 +80,12 @@ class DynamicEagleSpecAlgo(CustomSpecAlgo):
         last_tokens_tensor: torch.Tensor,
         future_map: FutureMap,
     ) -> Optional[SpecInput]:
-        # PD disaggregation is rejected at startup (flags.validate_server_args).
+        # PD disaggregation is rejected at startup (launcher.validate_server_args).
         return None
 
     def handle_server_args(self, server_args: ServerArgs) -> None:
         user_max_running_requests = server_args.max_running_requests
-        check_environment()
+        load_config()  # refuses a bad flag or environment variable in one line
         _complete_chain_drafting(server_args)
         _EAGLE3.handle_server_args(server_args)
         if user_max_running_requests is None:
@@ -112,15 +97,6 @@ class DynamicEagleSpecAlgo(CustomSpecAlgo):
                 ALGORITHM_NAME,
             )
         _limit_speculative_graphs(server_args)
-
-
-def check_environment() -> None:
-    """Refuse a bad value of any environment variable this package reads at start-up, in one
-    line (``StartupError``): before sglang builds ``ServerArgs`` (``flags.refuse_before_resolution``)
-    and again in ``handle_server_args``."""
-    catchup_budget_bytes()
-    catchup_max_window()
-    draft_prefill_choice()
 
 
 def _complete_chain_drafting(server_args: ServerArgs) -> None:
@@ -167,9 +143,7 @@ def _limit_speculative_graphs(server_args: ServerArgs) -> None:
     decode = server_args.cuda_graph_config.decode
     if not decode.bs:
         return
-    spec_max_bs = speculative_graph_max_bs(
-        current_flags().disable_batch_threshold, max(decode.bs)
-    )
+    spec_max_bs = load_config().speculative_graph_max_bs(max(decode.bs))
     spec_bs = [bs for bs in decode.bs if bs <= spec_max_bs]
     if spec_max_bs not in spec_bs:
         spec_bs.append(spec_max_bs)

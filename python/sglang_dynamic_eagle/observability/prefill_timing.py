@@ -1,8 +1,8 @@
 """What prefill batches cost on the GPU: the target's extend and the draft's, apart.
 
-Three CUDA events per prefill batch: before the target extend, between the target extend and
-the draft extend (sglang's worker publishes there, see ``DynamicEagleWorker._prefill``), and
-after the draft extend. Intervals are read with ``Event.query()`` as they complete, never
+Three CUDA events per prefill batch (:meth:`PrefillTimer.timed`): before the target extend,
+between the target extend and the draft extend (sglang's worker publishes there, in
+non-overlap mode too, when given a callback), and after the draft extend. Intervals are read with ``Event.query()`` as they complete, never
 waited for. The target part includes the capture of EAGLE-3's auxiliary hidden states and the
 sampling of the first token; the draft part is the draft extend over every prompt token and the
 draft's first proposal.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, Dict, Optional
+from typing import Any, Callable, Deque, Dict, Optional
 
 import torch
 
@@ -40,6 +40,23 @@ class PrefillTimer:
         self.tokens = 0
         self.target_ms = 0.0
         self.draft_ms = 0.0
+
+    def timed(self, num_tokens: int, on_publish: Optional[Callable[[Any], None]],
+              forward: Callable[[Callable[[Any], None]], Any]) -> Any:
+        """``forward(publish)`` for a prefill of ``num_tokens``, timed in two parts: the
+        ``publish`` it is given marks the end of the target extend, then calls ``on_publish``
+        (the scheduler's, if any)."""
+        self.harvest()  # keeps the pending events few without a report reading them
+        events = self.start(num_tokens)
+
+        def publish(new_seq_lens) -> None:
+            self.target_done(events)
+            if on_publish is not None:
+                on_publish(new_seq_lens)
+
+        result = forward(publish)
+        self.stop(events)
+        return result
 
     def start(self, num_tokens: int) -> PrefillEvents:
         return PrefillEvents(num_tokens, _event())

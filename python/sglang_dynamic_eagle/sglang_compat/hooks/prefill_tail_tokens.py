@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 import torch
 
-from sglang_dynamic_eagle.spec_algo import DynamicEagleSpecAlgo
+from sglang_dynamic_eagle.sglang_compat.spec_algo import DynamicEagleSpecAlgo
 
 
 def _chunked_row(batch) -> Optional[int]:

@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_dynamic_eagle import reporting_hooks, request_guards, upstream_internals
-from sglang_dynamic_eagle.observations import RequestAcceptance, observe
-from sglang_dynamic_eagle.upstream_internals import HOOKS, KINDS, RELIANCES, HookSpec
+from sglang_dynamic_eagle.engine.observations import RequestAcceptance, observe
+from sglang_dynamic_eagle.sglang_compat import registry
+from sglang_dynamic_eagle.sglang_compat.hooks import reporting, request_guards
+from sglang_dynamic_eagle.sglang_compat.registry import HOOKS, KINDS, RELIANCES, HookSpec
 
 CODE_PATHS = sorted({path for reliance in RELIANCES for path in reliance.code})
 
@@ -22,28 +23,65 @@ def test_every_reliance_is_complete() -> None:
         assert reliance.kind in KINDS, reliance.target
         for field in ("target", "how", "why", "drop_when"):
             assert getattr(reliance, field).strip(), (reliance.target, field)
+        if reliance.kind in (registry.ATTRIBUTE_SWAP, registry.HOOK):
+            assert reliance.code and reliance.patched_by, reliance.target
+
+
+@pytest.mark.parametrize("path", sorted({p for r in RELIANCES for p in r.patched_by}))
+def test_every_patching_function_exists(path: str) -> None:
+    assert path.startswith("sglang_dynamic_eagle.") and callable(registry.resolve(path))
+
+
+def test_start_up_finds_every_code_path() -> None:
+    assert registry.missing_code_paths() == []
+
+
+def test_a_missing_code_path_stops_start_up(loaded_plugins, monkeypatch) -> None:
+    renamed = "sglang.srt.managers.scheduler.Scheduler._apply_war_barrier_v2"
+    reliance = registry.UpstreamReliance(
+        target="a renamed method", how="-", why="-", drop_when="-", kind=registry.BEHAVIOUR,
+        code=(renamed,))
+    monkeypatch.setattr(registry, "RELIANCES", RELIANCES + (reliance,))
+    with pytest.raises(RuntimeError) as excinfo:
+        registry.check_at_start_up()
+    message = str(excinfo.value)
+    assert "\n" not in message and renamed in message and "sglang==0.5.17" in message
+
+
+def test_the_scheduler_checks_the_registry_before_it_builds_the_worker(monkeypatch) -> None:
+    from sglang_dynamic_eagle.sglang_compat import plugin
+
+    def refuse() -> None:
+        raise RuntimeError("sglang-dynamic-eagle: hooks not in effect")
+
+    monkeypatch.setattr(registry, "check_at_start_up", refuse)
+    with pytest.raises(RuntimeError, match="hooks not in effect"):
+        plugin._worker_class(None)
 
 
 @pytest.mark.parametrize("path", CODE_PATHS)
 def test_code_path_exists_in_installed_sglang(path: str) -> None:
-    upstream_internals.resolve(path)
+    registry.resolve(path)
 
 
 def test_a_renamed_target_does_not_resolve() -> None:
     with pytest.raises(AttributeError):
-        upstream_internals.resolve("sglang.srt.managers.scheduler.Scheduler.get_internal_state_v2")
+        registry.resolve("sglang.srt.managers.scheduler.Scheduler.get_internal_state_v2")
     with pytest.raises(ImportError):
-        upstream_internals.resolve("sglang_not_installed.module.name")
+        registry.resolve("sglang_not_installed.module.name")
 
 
 def test_every_hook_target_is_listed_as_a_hook_reliance() -> None:
-    hook_paths = {path for r in RELIANCES if r.kind == upstream_internals.HOOK for path in r.code}
+    hook_paths = {path for r in RELIANCES if r.kind == registry.HOOK for path in r.code}
     assert {spec.target for spec in HOOKS} <= hook_paths
+    patched_by = {path for r in RELIANCES if r.kind == registry.HOOK for path in r.patched_by}
+    assert {f"{spec.hook.__module__}.{spec.hook.__qualname__}" for spec in HOOKS} == patched_by
 
 
 def test_every_hook_is_in_effect_after_load_plugins(loaded_plugins) -> None:
-    assert upstream_internals.missing_hooks() == []
-    upstream_internals.check_hooks_in_effect()
+    assert registry.missing_hooks() == []
+    registry.check_hooks_in_effect()
+    registry.check_at_start_up()
 
 
 def test_a_hook_that_was_not_applied_stops_start_up(loaded_plugins, monkeypatch) -> None:
@@ -52,11 +90,11 @@ def test_a_hook_that_was_not_applied_stops_start_up(loaded_plugins, monkeypatch)
 
     target = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
     monkeypatch.setattr(
-        upstream_internals, "HOOKS", HOOKS + (HookSpec(target, never_registered, HookType.AFTER),)
+        registry, "HOOKS", HOOKS + (HookSpec(target, never_registered, HookType.AFTER),)
     )
-    assert upstream_internals.missing_hooks() == [target]
+    assert registry.missing_hooks() == [target]
     with pytest.raises(RuntimeError) as excinfo:
-        upstream_internals.check_hooks_in_effect()
+        registry.check_hooks_in_effect()
     message = str(excinfo.value)
     assert "\n" not in message and target in message and "sglang==0.5.17" in message
 
@@ -64,12 +102,12 @@ def test_a_hook_that_was_not_applied_stops_start_up(loaded_plugins, monkeypatch)
 def test_a_hook_on_a_missing_target_is_reported(loaded_plugins, monkeypatch) -> None:
     target = "sglang.srt.managers.scheduler.Scheduler.renamed_method"
     spec = HookSpec(target, request_guards.check_request_token_ids, HOOKS[0].hook_type)
-    monkeypatch.setattr(upstream_internals, "HOOKS", (spec,))
-    assert upstream_internals.missing_hooks() == [target]
+    monkeypatch.setattr(registry, "HOOKS", (spec,))
+    assert registry.missing_hooks() == [target]
 
 
 def test_the_queue_length_hook_is_installed_on_the_scheduler_loop() -> None:
-    [spec] = [s for s in HOOKS if s.hook is reporting_hooks.record_queue_length]
+    [spec] = [s for s in HOOKS if s.hook is reporting.record_queue_length]
     assert spec.target == "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
     assert spec.hook_type == HookType.AFTER
 
@@ -81,10 +119,10 @@ def test_the_queue_length_hook_gives_the_worker_the_waiting_queue() -> None:
     worker = SimpleNamespace(queued=0)
     scheduler = SimpleNamespace(draft_worker=worker, waiting_queue=["a", "b", "c"])
     batch = object()
-    assert reporting_hooks.record_queue_length(batch, scheduler) is batch
+    assert reporting.record_queue_length(batch, scheduler) is batch
     assert worker.queued == 3
     scheduler.waiting_queue = []
-    reporting_hooks.record_queue_length(None, scheduler)
+    reporting.record_queue_length(None, scheduler)
     assert worker.queued == 0
 
 
@@ -94,12 +132,12 @@ def test_the_queue_length_hook_leaves_other_servers_alone() -> None:
     for scheduler in (SimpleNamespace(draft_worker=None, waiting_queue=[1]),
                       SimpleNamespace(draft_worker=eagle_worker, waiting_queue=[1]),
                       SimpleNamespace()):
-        assert reporting_hooks.record_queue_length(result, scheduler) is result
+        assert reporting.record_queue_length(result, scheduler) is result
     assert not hasattr(eagle_worker, "queued")
 
 
 def test_observe_reads_sglangs_own_requests() -> None:
-    """The fields of sglang's Req the policy's view is built from (``observations``)."""
+    """The fields of sglang's Req the policy's view is built from (``engine.observations``)."""
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 

@@ -1,6 +1,7 @@
-"""What the worker tells the policy about a decode batch: its KV tokens, the queue behind it,
-and the acceptance record of its requests. Host-side reads of the scheduler's own objects; no
-GPU work.
+"""What the worker tells the policy: before a decode step, the batch's KV tokens, the queue
+behind it and the acceptance record of its requests (:func:`observe`); after it, the verify
+results, the step times and the catch-up costs the automatic policy learns from
+(:class:`PolicyFeed`). Host-side reads of the scheduler's own objects; no GPU work.
 
 sglang counts every decode result as a verify of each request (``Req.spec_verify_ct``), plain
 steps included, so the per-request record is kept here, from speculative results only: each
@@ -15,7 +16,8 @@ import weakref
 from collections import deque
 from typing import Deque, List, Sequence, Tuple
 
-from sglang_dynamic_eagle.policy import StepObservation
+from sglang_dynamic_eagle.policy import DecodeMode, DecodePolicy, StepObservation
+from sglang_dynamic_eagle.policy.throughput import ThroughputPolicy, crossover_batch
 
 
 class RequestAcceptance:
@@ -71,3 +73,30 @@ def observe(batch, queued: int, acceptance: RequestAcceptance, step: int) -> Ste
         remaining=[remaining_tokens(req) for req in reqs],
         step=step,
     )
+
+
+class PolicyFeed:
+    """The measurements the policy learns from, handed over as they complete (the decode step
+    a verify result or a step time belongs to comes along). The threshold policy decides from
+    the batch size alone and learns from none of them."""
+
+    def __init__(self, policy: DecodePolicy) -> None:
+        self._learner = policy if isinstance(policy, ThroughputPolicy) else None
+
+    def verified(self, step: int, correct_drafts_per_req: Sequence[int]) -> None:
+        if self._learner is not None:
+            self._learner.add_verify(correct_drafts_per_req)
+
+    def step_time(self, step: int, mode: DecodeMode, batch_size: int, kv_tokens: int,
+                  ms: float) -> None:
+        if self._learner is not None:
+            self._learner.add_step_time(step, mode, batch_size, kv_tokens, ms)
+
+    def catchup(self, tokens: int, ms: float) -> None:
+        if self._learner is not None:
+            self._learner.add_catchup(tokens, ms)
+
+    def crossover_batch(self) -> int:
+        """Largest batch at which speculation is predicted to pay (short contexts; 0 with the
+        threshold policy)."""
+        return 0 if self._learner is None else crossover_batch(self._learner)

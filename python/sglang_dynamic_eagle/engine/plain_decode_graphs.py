@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Iterator, List, Optional
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Union
 
 import torch
 from sglang.srt.model_executor import forward_batch_info
@@ -106,6 +106,13 @@ class PlainDecodeGraphs:
     @property
     def max_bs(self) -> int:
         return self.graph_runner.max_bs if self.graph_runner is not None else 0
+
+    def report(self) -> Dict[str, Union[int, float]]:
+        return {
+            "max_plain_graph_batch": self.max_bs,
+            "plain_graph_capture_s": round(self.capture_seconds, 2),
+            "plain_graph_memory_gib": round(self.capture_gib, 3),
+        }
 
     def _new_attention_backend(self):
         runner = self.model_runner

@@ -1,5 +1,5 @@
 """What EAGLE3_DYNAMIC adds to sglang's own reporting, as HookRegistry AFTER hooks (installed by
-``upstream_internals.install_hooks``): the worker's report under ``dynamic_eagle`` in
+``registry.install_hooks``): the worker's report under ``dynamic_eagle`` in
 ``/server_info``, and on the periodic decode log line's schedule a log line of the counters and,
 with ``--enable-metrics``, their Prometheus export."""
 
@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 
 def dynamic_worker(scheduler) -> Any:
     """The scheduler's DynamicEagleWorker, or None for any other server."""
-    from sglang_dynamic_eagle.worker import DynamicEagleWorker
+    from sglang_dynamic_eagle.engine.worker import DynamicEagleWorker
 
     worker = getattr(scheduler, "draft_worker", None)
     return worker if isinstance(worker, DynamicEagleWorker) else None

@@ -3,12 +3,14 @@
 A synchronising call (a blocking copy, ``.item()``, ``.tolist()`` of a GPU tensor) makes the
 host wait for all GPU work enqueued before it. Under sglang's overlap scheduler that costs the
 step its overlap; inside a prefill it also delays the previous batch's first tokens by one
-prefill (``prefill_tail_tokens`` removes the one sglang's EAGLE prefill had).
+prefill (``sglang_compat.hooks.prefill_tail_tokens`` removes the one sglang's EAGLE prefill had).
 
-With ``SGLANG_DYNAMIC_EAGLE_SYNC_CHECK=1`` every prefill, plain step and speculative step runs
-under ``torch.cuda.set_sync_debug_mode("warn")``; the call sites that synchronised are counted
-per kind of forward and reported in ``/server_info`` (``host_syncs``). The check costs a little
-host time per forward, so it is for diagnosis and the GPU tests, not for serving.
+With ``SGLANG_DYNAMIC_EAGLE_SYNC_CHECK=1`` (``config``) the plugin builds the worker of
+:func:`with_host_sync_check`: every prefill, plain step and speculative step runs under
+``torch.cuda.set_sync_debug_mode("warn")``; the call sites that synchronised are counted per kind
+of forward and reported in ``/server_info`` (``host_syncs``). The check costs a little host time
+per forward, so it is for diagnosis and the GPU tests, not for serving; without it the worker
+runs no part of it.
 
 What PyTorch's sync debug mode sees: blocking copies, ``.item()``/``.tolist()`` of GPU tensors
 and stream or device synchronisations. It does not see ``torch.cuda.Event.synchronize`` (the
@@ -22,33 +24,23 @@ from __future__ import annotations
 import os
 import warnings
 from collections import Counter
-from contextlib import contextmanager, nullcontext
-from typing import ContextManager, Dict, Iterator
+from contextlib import contextmanager
+from typing import Dict, Iterator, Type
 
 import torch
 
-SYNC_CHECK_ENV = "SGLANG_DYNAMIC_EAGLE_SYNC_CHECK"
 # The text of PyTorch's warning for a synchronising CUDA call under sync debug mode.
 SYNC_WARNING_TEXT = "called a synchronizing CUDA operation"
-
-
-def sync_check_enabled() -> bool:
-    return os.environ.get(SYNC_CHECK_ENV, "0") == "1"
 
 
 class HostSyncCounter:
     """Counts synchronising call sites per kind of forward ("prefill", "plain", ...)."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+    def __init__(self) -> None:
         self._sites: Counter = Counter()
 
-    def watch(self, kind: str) -> ContextManager[None]:
-        """A no-op context when the check is off (the default: every forward enters it)."""
-        return self._watched(kind) if self.enabled else nullcontext()
-
     @contextmanager
-    def _watched(self, kind: str) -> Iterator[None]:
+    def watch(self, kind: str) -> Iterator[None]:
         previous_mode = torch.cuda.get_sync_debug_mode()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -65,3 +57,27 @@ class HostSyncCounter:
     def report(self) -> Dict[str, float]:
         """``"<kind> <file>:<line>": count`` of every call site that synchronised."""
         return dict(self._sites)
+
+
+def with_host_sync_check(worker_class: Type) -> Type:
+    """A subclass of the worker class (``engine.worker.DynamicEagleWorker``) whose prefills
+    (``_prefill``) and decode steps (``_decode``, of either mode) run watched, and whose report
+    adds ``host_syncs``."""
+
+    class HostSyncCheckedWorker(worker_class):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.host_syncs = HostSyncCounter()
+
+        def _prefill(self, batch, *args):
+            with self.host_syncs.watch("prefill"):
+                return super()._prefill(batch, *args)
+
+        def _decode(self, mode, batch, *args):
+            with self.host_syncs.watch(mode.value):
+                return super()._decode(mode, batch, *args)
+
+        def report(self) -> dict:
+            return {**super().report(), "host_syncs": self.host_syncs.report()}
+
+    return HostSyncCheckedWorker

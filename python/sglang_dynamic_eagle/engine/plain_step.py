@@ -23,11 +23,11 @@ from sglang.srt.model_executor.forward_batch_info import (
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_utils import get_draft_recurrent_hidden_state_spec
 
-from sglang_dynamic_eagle.draft_catchup import batch_req_pool_indices
+from sglang_dynamic_eagle.engine.draft_catchup import batch_req_pool_indices
 
 if TYPE_CHECKING:
-    from sglang_dynamic_eagle.draft_catchup import DraftCatchup
-    from sglang_dynamic_eagle.plain_decode_graphs import PlainDecodeGraphs
+    from sglang_dynamic_eagle.engine.draft_catchup import DraftCatchup
+    from sglang_dynamic_eagle.engine.plain_decode_graphs import PlainDecodeGraphs
 
 
 def turn_into_decode_batch(batch: ScheduleBatch, req_to_token: torch.Tensor) -> None:
@@ -68,9 +68,9 @@ class PlainDecodeStep:
         self._allocate_result_stubs(draft_runner, topk)
 
     def _allocate_result_stubs(self, draft_runner, topk: int) -> None:
-        """Preallocated zero tensors that fill the draft fields of a result that ran no
-        draft (a plain step, a deferred prefill): the overlap scheduler stashes topk and draft
-        hidden states for every result."""
+        """Preallocated zero tensors that fill the draft fields of a plain step's result, which
+        ran no draft: the overlap scheduler stashes topk and draft hidden states for every
+        result."""
         runner = self._target_worker.model_runner
         rows = runner.req_to_token_pool.req_to_token.shape[0]
         device = runner.device
@@ -126,9 +126,8 @@ class PlainDecodeStep:
 
     def draft_input_stub(self, bonus_tokens: torch.Tensor) -> EagleDraftInput:
         """The draft fields of a result that ran no draft: zero stubs, one row per bonus
-        token, which catch-up overwrites before a draft reads them; rows with nothing to catch
-        up (a prefill that stashed nothing, a truncated catch-up) propose from them, which
-        costs acceptance only."""
+        token, which catch-up overwrites before a draft reads them; rows with nothing left to
+        catch up (a truncated catch-up) propose from them, which costs acceptance only."""
         batch_size = len(bonus_tokens)
         return EagleDraftInput(
             topk_p=self._stub_topk_p[:batch_size],

@@ -1,4 +1,5 @@
-"""flags.py on its own: parsing, defaults, the environment hand-off, validation rules.
+"""config.py and the launcher's flags: parsing, defaults, the environment hand-off, the environment
+variables, validation rules.
 
 No ServerArgs here (see test_server_args.py for the real sglang path); these tests use
 a bare argparse parser and stand-in server_args objects.
@@ -7,6 +8,7 @@ a bare argparse parser and stand-in server_args objects.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -17,21 +19,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sglang_dynamic_eagle import flags, policy
-from sglang_dynamic_eagle.flags import (
-    DISABLE_FLAG,
-    ENABLE_FLAG,
-    ENV_VAR,
-    PATIENCE_FLAG,
-    DynamicEagleFlags,
-)
+from sglang_dynamic_eagle import config, policy
+from sglang_dynamic_eagle.config import ENV_VAR, Config
+from sglang_dynamic_eagle.policy import DISABLE_FLAG, ENABLE_FLAG, PATIENCE_FLAG
+from sglang_dynamic_eagle.sglang_compat import launcher
+from sglang_dynamic_eagle.sglang_compat.startup_errors import StartupError
 
 pytestmark = pytest.mark.usefixtures("clean_flags_env")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="test")
-    flags.add_cli_args(parser)
+    launcher.add_cli_args(parser)
     return parser
 
 
@@ -39,17 +38,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def test_default_is_the_automatic_policy():
-    assert flags.DEFAULT_FLAGS == DynamicEagleFlags(
+    assert config.DEFAULT_CONFIG == Config(
         disable_batch_threshold=None,
         enable_batch_threshold=None,
         switch_patience=policy.DEFAULT_SWITCH_PATIENCE,
     )
-    assert flags.DEFAULT_FLAGS.automatic
-    assert flags.DEFAULT_FLAGS == DynamicEagleFlags(None, None, 4)
-    assert flags.resolve_flags() == flags.DEFAULT_FLAGS
-    assert flags.resolve_flags(disable_batch_threshold="auto") == flags.DEFAULT_FLAGS
-    assert flags.resolve_flags(disable_batch_threshold=" AUTO ") == flags.DEFAULT_FLAGS
-    assert json.loads(flags.DEFAULT_FLAGS.to_json())["disable_batch_threshold"] == "auto"
+    assert config.DEFAULT_CONFIG.automatic
+    assert config.DEFAULT_CONFIG == Config(None, None, 4)
+    assert config.resolve_flags() == config.DEFAULT_CONFIG
+    assert config.resolve_flags(disable_batch_threshold="auto") == config.DEFAULT_CONFIG
+    assert config.resolve_flags(disable_batch_threshold=" AUTO ") == config.DEFAULT_CONFIG
+    assert json.loads(config.DEFAULT_CONFIG.flags_json())["disable_batch_threshold"] == "auto"
 
 
 @pytest.mark.parametrize(
@@ -57,18 +56,18 @@ def test_default_is_the_automatic_policy():
     [(24, 16), (100, 16), (9, 6), (3, 2), (2, 1), (1, 1), (0, 16)],
 )
 def test_enable_threshold_derived_when_only_disable_given(n, expected_m):
-    assert flags.resolve_flags(disable_batch_threshold=n).enable_batch_threshold == expected_m
+    assert config.resolve_flags(disable_batch_threshold=n).enable_batch_threshold == expected_m
 
 
 def test_explicit_enable_threshold_is_kept():
-    assert flags.resolve_flags(8, 8, 1) == DynamicEagleFlags(8, 8, 1)
+    assert config.resolve_flags(8, 8, 1) == Config(8, 8, 1)
     # Only M given: N stays automatic; validate_server_args refuses the pair for EAGLE3_DYNAMIC.
-    assert flags.resolve_flags(enable_batch_threshold=3) == DynamicEagleFlags(None, 3, 4)
+    assert config.resolve_flags(enable_batch_threshold=3) == Config(None, 3, 4)
 
 
 @given(st.integers(min_value=1, max_value=10_000))
 def test_derived_enable_threshold_is_valid_for_every_n(n):
-    m = flags.derived_enable_threshold(n)
+    m = config.derived_enable_threshold(n)
     assert 1 <= m <= n
     assert m <= policy.DEFAULT_ENABLE_BATCH_THRESHOLD
     # The derived flags are accepted by the policy's own config check.
@@ -90,7 +89,7 @@ def test_derived_enable_threshold_is_valid_for_every_n(n):
 )
 def test_bad_values_name_the_flag(kwargs, flag):
     with pytest.raises(ValueError) as excinfo:
-        flags.resolve_flags(**kwargs)
+        config.resolve_flags(**kwargs)
     message = str(excinfo.value)
     assert flag in message
     assert "\n" not in message
@@ -103,24 +102,24 @@ def test_cli_parses_all_three_flags():
     args = _parser().parse_args(
         [DISABLE_FLAG, "32", ENABLE_FLAG, "8", PATIENCE_FLAG, "2"]
     )
-    assert flags.flags_from_namespace(args) == DynamicEagleFlags(32, 8, 2)
+    assert launcher.flags_from_namespace(args) == Config(32, 8, 2)
 
 
 def test_cli_absent_flags_parse_to_none_and_resolve_to_defaults():
     args = _parser().parse_args([])
-    for spec in flags.FLAG_SPECS:
+    for spec in config.FLAG_SPECS:
         assert getattr(args, spec.dest) is None, spec.flag
-    assert [spec.dest for spec in flags.FLAG_SPECS] == [
+    assert [spec.dest for spec in config.FLAG_SPECS] == [
         "speculative_disable_batch_threshold",
         "speculative_enable_batch_threshold",
         "speculative_switch_patience",
     ]
-    assert flags.flags_from_namespace(args) == flags.DEFAULT_FLAGS
+    assert launcher.flags_from_namespace(args) == config.DEFAULT_CONFIG
 
 
 def test_add_cli_args_is_idempotent_per_parser():
     parser = _parser()
-    flags.add_cli_args(parser)  # a second call must not raise argparse's conflict error
+    launcher.add_cli_args(parser)  # a second call must not raise argparse's conflict error
     assert sum(DISABLE_FLAG in a.option_strings for a in parser._actions) == 1
 
 
@@ -145,7 +144,7 @@ def test_help_states_defaults_and_algorithm():
 def test_cli_bad_value_is_refused_in_one_line_naming_the_flag(argv, flag):
     args = _parser().parse_args(argv)  # argparse keeps the text; the check names the flag
     with pytest.raises(ValueError) as excinfo:
-        flags.flags_from_namespace(args)
+        launcher.flags_from_namespace(args)
     message = str(excinfo.value)
     assert flag in message and "\n" not in message
 
@@ -153,16 +152,16 @@ def test_cli_bad_value_is_refused_in_one_line_naming_the_flag(argv, flag):
 # ---------------------------------------------------------------- environment hand-off
 
 
-def test_current_flags_defaults_without_env():
+def test_load_config_defaults_without_env():
     assert ENV_VAR not in os.environ
-    assert flags.current_flags() == flags.DEFAULT_FLAGS
+    assert config.load_config() == config.DEFAULT_CONFIG
 
 
-def test_current_flags_reads_env(monkeypatch):
+def test_load_config_reads_the_flags(monkeypatch):
     monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 40, "switch_patience": 2}))
-    assert flags.current_flags() == DynamicEagleFlags(40, 16, 2)
+    assert config.load_config() == Config(40, 16, 2)
     monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 6}))
-    assert flags.current_flags() == DynamicEagleFlags(6, 4, 4)
+    assert config.load_config() == Config(6, 4, 4)
 
 
 @pytest.mark.parametrize(
@@ -176,12 +175,57 @@ def test_current_flags_reads_env(monkeypatch):
         ('{"enable_batch_threshold": "x"}', ENABLE_FLAG),
     ],
 )
-def test_current_flags_bad_env_is_one_line_error(monkeypatch, raw, needle):
+def test_load_config_bad_flags_are_a_one_line_error(monkeypatch, raw, needle):
     monkeypatch.setenv(ENV_VAR, raw)
     with pytest.raises(ValueError) as excinfo:
-        flags.current_flags()
+        config.load_config()
     assert needle in str(excinfo.value)
     assert "\n" not in str(excinfo.value)
+
+
+# ---------------------------------------------------------------- environment variables
+
+
+def test_config_holds_every_flag_and_every_variable():
+    fields = {field.name for field in dataclasses.fields(Config)}
+    assert fields == {spec.field for spec in config.FLAG_SPECS} | {
+        spec.field for spec in config.ENVIRONMENT}
+    assert config.DEFAULT_CONFIG == config.load_config({})
+    # Only the flags travel in ENV_VAR; the variables are read where the server runs.
+    assert set(json.loads(Config(catchup_window=3, sync_check=True).flags_json())) == {
+        spec.field for spec in config.FLAG_SPECS}
+
+
+def test_load_config_reads_every_variable():
+    loaded = config.load_config({
+        ENV_VAR: json.dumps({"disable_batch_threshold": 6}),
+        config.CATCHUP_BUDGET_ENV: "64", config.CATCHUP_WINDOW_ENV: "16",
+        config.TRACE_ENV: "/tmp/trace.jsonl", config.SYNC_CHECK_ENV: "1",
+    })
+    assert loaded == Config(6, 4, 4, catchup_budget_mib=64, catchup_window=16,
+                            trace_path="/tmp/trace.jsonl", sync_check=True)
+    assert loaded.catchup_budget_bytes == 64 * 2**20
+    defaults = config.load_config({config.TRACE_ENV: "", config.SYNC_CHECK_ENV: "true"})
+    assert (defaults.catchup_budget_mib, defaults.catchup_window) == (1024, config.MAX_WINDOW)
+    assert defaults.trace_path is None and defaults.sync_check is False
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        (config.CATCHUP_BUDGET_ENV, "lots"),
+        (config.CATCHUP_BUDGET_ENV, "0"),
+        (config.CATCHUP_WINDOW_ENV, "0"),
+        (config.CATCHUP_WINDOW_ENV, "257"),
+        (config.CATCHUP_WINDOW_ENV, "-1"),
+    ],
+)
+def test_a_bad_variable_is_a_one_line_error_naming_it_and_the_fix(name, value):
+    with pytest.raises(StartupError) as excinfo:
+        config.load_config({name: value})
+    message = str(excinfo.value)
+    assert message.startswith(f"{name}={value!r} is invalid: set it to ") and "unset it" in message
+    assert "\n" not in message
 
 
 @given(
@@ -190,11 +234,11 @@ def test_current_flags_bad_env_is_one_line_error(monkeypatch, raw, needle):
     st.integers(1, 64),
 )
 def test_env_round_trip(n, m, k):
-    value = DynamicEagleFlags(n, m, k)
+    value = Config(n, m, k)
     old = os.environ.get(ENV_VAR)
     try:
-        flags.export_flags(value)
-        assert flags.current_flags() == value
+        config.export_flags(value)
+        assert config.load_config() == value
     finally:
         if old is None:
             os.environ.pop(ENV_VAR, None)
@@ -212,7 +256,7 @@ def test_from_cli_args_hook_exports_before_serverargs_is_built():
         return "server-args"
 
     args = _parser().parse_args([DISABLE_FLAG, "12", PATIENCE_FLAG, "3"])
-    result = flags.around_from_cli_args(original, "ServerArgsClass", args)
+    result = launcher.around_from_cli_args(original, "ServerArgsClass", args)
     assert result == "server-args"
     assert seen["cls"] == "ServerArgsClass"
     assert json.loads(seen["env"]) == {
@@ -225,21 +269,21 @@ def test_from_cli_args_hook_exports_before_serverargs_is_built():
 def test_from_cli_args_hook_overrides_a_stale_env_value(monkeypatch):
     monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 99}))
     args = _parser().parse_args([])
-    flags.around_from_cli_args(lambda cls, a: None, object, args)
-    assert flags.current_flags() == flags.DEFAULT_FLAGS
+    launcher.around_from_cli_args(lambda cls, a: None, object, args)
+    assert config.load_config() == config.DEFAULT_CONFIG
 
 
 def test_after_add_cli_args_hook_adds_flags_and_keeps_result():
     parser = argparse.ArgumentParser()
-    assert flags.after_add_cli_args("result", parser) == "result"
+    assert launcher.after_add_cli_args("result", parser) == "result"
     assert DISABLE_FLAG in parser._option_string_actions
 
 
 def test_spawned_process_inherits_exported_flags():
     """sglang starts schedulers with multiprocessing 'spawn'; they must see the values."""
-    flags.export_flags(DynamicEagleFlags(7, 3, 5))
+    config.export_flags(Config(7, 3, 5))
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        assert pool.submit(flags.current_flags).result(timeout=120) == DynamicEagleFlags(7, 3, 5)
+        assert pool.submit(config.load_config).result(timeout=120) == Config(7, 3, 5)
 
 
 # ---------------------------------------------------------------- validate_server_args
@@ -268,8 +312,8 @@ def _server_args(**overrides):
 
 
 def test_validate_accepts_supported_configuration():
-    flags.validate_server_args(_server_args())
-    flags.validate_server_args(_server_args(speculative_eagle_topk=1))
+    launcher.validate_server_args(_server_args())
+    launcher.validate_server_args(_server_args(speculative_eagle_topk=1))
 
 
 @pytest.mark.parametrize(
@@ -291,28 +335,28 @@ def test_validate_accepts_supported_configuration():
 )
 def test_validate_rejects_unsupported(overrides, needle):
     with pytest.raises(ValueError) as excinfo:
-        flags.validate_server_args(_server_args(**overrides))
+        launcher.validate_server_args(_server_args(**overrides))
     assert needle in str(excinfo.value)
     assert "\n" not in str(excinfo.value)
 
 
 def test_trees_start_with_their_whole_shape():
-    flags.validate_server_args(_server_args(speculative_num_steps=5, speculative_eagle_topk=4,
+    launcher.validate_server_args(_server_args(speculative_num_steps=5, speculative_eagle_topk=4,
                                             speculative_num_draft_tokens=8))
     with pytest.raises(ValueError, match="without both"):
-        flags.validate_server_args(_server_args(speculative_eagle_topk=4))
+        launcher.validate_server_args(_server_args(speculative_eagle_topk=4))
 
 
 def test_validate_rejects_enable_above_disable(monkeypatch):
     monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 4, "enable_batch_threshold": 8}))
     with pytest.raises(ValueError, match=ENABLE_FLAG):
-        flags.validate_server_args(_server_args())
+        launcher.validate_server_args(_server_args())
     # N == 0 (always speculate) ignores M.
     monkeypatch.setenv(ENV_VAR, json.dumps({"disable_batch_threshold": 0, "enable_batch_threshold": 8}))
-    flags.validate_server_args(_server_args())
+    launcher.validate_server_args(_server_args())
 
 
 def test_validate_rejects_bad_env(monkeypatch):
     monkeypatch.setenv(ENV_VAR, json.dumps({"switch_patience": -1}))
     with pytest.raises(ValueError, match=PATIENCE_FLAG):
-        flags.validate_server_args(_server_args())
+        launcher.validate_server_args(_server_args())

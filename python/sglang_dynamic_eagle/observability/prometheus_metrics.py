@@ -4,7 +4,7 @@ sglang's scheduler processes write their metrics through prometheus_client's mul
 and the HTTP server's /metrics endpoint merges them; metrics created here, in the scheduler
 process, are exported the same way, next to sglang's own `sglang:*` metrics and with the same
 labels. They are updated on the schedule of sglang's periodic decode log line
-(--decode-log-interval), by the hook in upstream_internals.
+(--decode-log-interval), by the hook in sglang_compat.hooks.reporting.
 """
 
 from __future__ import annotations

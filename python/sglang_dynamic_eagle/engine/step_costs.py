@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
@@ -156,10 +156,11 @@ class StepTimer:
 
 
 class GpuIntervals:
-    """GPU time of bracketed work, summed as the events complete."""
+    """GPU time of bracketed work, summed as the events complete; each interval carries a label
+    (a catch-up's: its positions)."""
 
     def __init__(self) -> None:
-        self._pending: Deque[Tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
+        self._pending: Deque[Tuple[torch.cuda.Event, torch.cuda.Event, int]] = deque()
         self.total_ms = 0.0
 
     def start(self) -> torch.cuda.Event:
@@ -167,19 +168,19 @@ class GpuIntervals:
         event.record()
         return event
 
-    def stop(self, start: torch.cuda.Event) -> None:
+    def stop(self, start: torch.cuda.Event, label: int = 0) -> None:
         end = torch.cuda.Event(enable_timing=True)
         end.record()
-        self._pending.append((start, end))
+        self._pending.append((start, end, label))
 
-    def finished(self) -> Iterable[float]:
-        """Milliseconds of every interval that has completed since the last call."""
-        done: List[float] = []
+    def finished(self) -> List[Tuple[int, float]]:
+        """(label, milliseconds) of every interval that has completed since the last call."""
+        done: List[Tuple[int, float]] = []
         while self._pending and self._pending[0][1].query():
-            start, end = self._pending.popleft()
+            start, end, label = self._pending.popleft()
             elapsed = start.elapsed_time(end)
             self.total_ms += elapsed
-            done.append(elapsed)
+            done.append((label, elapsed))
         return done
 
 
@@ -210,13 +211,20 @@ class TimingFeed:
     Every rank decides the same modes for the same batches, so a step's (mode, batch, KV
     tokens) is the same everywhere and only its time differs: every ``FEED_STEPS`` decode steps
     the times of the steps [s - 2F, s - F) are all-reduced with MAX (a TP step lasts as long as
-    its slowest rank; a step untimed on every rank stays out) and handed to ``sink``.
+    its slowest rank; a step untimed on every rank stays out) and handed to ``sink``. Catch-ups
+    travel the same way, keyed by the decode step that launched them (their token count is the
+    same on every rank, their GPU time is not), to ``catchup_sink``.
     """
 
     def __init__(self, reduce_max: Reducer, sink: Callable[[int, DecodeMode, int, int, float], None],
-                 feed_steps: int = FEED_STEPS) -> None:
+                 feed_steps: int = FEED_STEPS,
+                 catchup_sink: Optional[Callable[[int, float], None]] = None) -> None:
         self._reduce_max = reduce_max
         self._sink = sink
+        self._catchup_sink = catchup_sink
+        self._catchup_tokens: Dict[int, int] = {}  # launching step -> tokens (same on every rank)
+        self._catchup_ms: Dict[int, float] = {}  # this rank's completed catch-up times
+        self._catchups_in_flight: Deque[int] = deque()
         self._feed_steps = feed_steps
         self._timer = StepTimer()
         self._steps: Dict[int, Tuple[DecodeMode, int, int]] = {}  # the same on every rank
@@ -225,6 +233,16 @@ class TimingFeed:
 
     def interrupt(self) -> None:
         self._timer.interrupt()
+
+    def catchup_launched(self, step: int, tokens: int) -> None:
+        """A catch-up of ``tokens`` positions was launched before decode step ``step``."""
+        self._catchup_tokens[step] = tokens
+        self._catchups_in_flight.append(step)
+
+    def catchup_timed(self, ms: float) -> None:
+        """The GPU time of the oldest catch-up in flight (they complete in launch order)."""
+        if self._catchups_in_flight:
+            self._catchup_ms[self._catchups_in_flight.popleft()] = ms
 
     def step_done(self, step: int, mode: DecodeMode, batch_size: int, kv_tokens: int) -> None:
         self._steps[step] = (mode, batch_size, kv_tokens)
@@ -236,12 +254,16 @@ class TimingFeed:
             return
         low, high = step - 2 * self._feed_steps, step - self._feed_steps
         window = range(low, high)
-        times = self._reduce_max([self._times.get(s, -1.0) for s in window])
-        for s, ms in zip(window, times):
+        reduced = self._reduce_max([self._times.get(s, -1.0) for s in window]
+                                   + [self._catchup_ms.get(s, -1.0) for s in window])
+        for s, ms in zip(window, reduced[: len(window)]):
             if ms > 0 and s in self._steps:
                 mode_s, batch_s, kv_s = self._steps[s]
                 self._sink(s, mode_s, batch_s, kv_s, ms)
-        for table in (self._steps, self._times):
+        for s, ms in zip(window, reduced[len(window):]):
+            if ms > 0 and s in self._catchup_tokens and self._catchup_sink is not None:
+                self._catchup_sink(self._catchup_tokens[s], ms)
+        for table in (self._steps, self._times, self._catchup_tokens, self._catchup_ms):
             for s in [s for s in table if s < high]:
                 del table[s]
 

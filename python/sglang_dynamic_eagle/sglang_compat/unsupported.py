@@ -2,7 +2,7 @@
 
 Each row: the flag as the message names it, when it applies, why it cannot work, and the fix.
 :func:`unsupported_reason` returns the one-line message of the first row that applies (like
-sglang's ``adaptive_unsupported_reason``); ``flags.validate_server_args`` raises it on the parsed
+sglang's ``adaptive_unsupported_reason``); ``launcher.validate_server_args`` raises it on the parsed
 command line (before sglang builds ``ServerArgs``) and again inside ``ServerArgs.__post_init__``,
 before any GPU work.
 """
@@ -133,7 +133,8 @@ UNSUPPORTED: Tuple[UnsupportedCombination, ...] = (
 
 def _resolved(server_args) -> Any:
     """sglang's mid-resolution view (fields other handlers declared but not yet wrote) of a
-    ``ServerArgs``; parsed command-line arguments (``flags.refuse_before_resolution``) as they are."""
+    ``ServerArgs``; parsed command-line arguments (``launcher.refuse_before_resolution``) as they
+    are."""
     from sglang.srt.server_args import ServerArgs
 
     if not isinstance(server_args, ServerArgs):

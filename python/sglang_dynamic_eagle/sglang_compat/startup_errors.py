@@ -6,7 +6,7 @@ such an error rise out of ``ServerArgs.__post_init__`` to the top of
 ``python -m sglang.launch_server``, where Python would print a traceback of about 25 lines
 above the message. :func:`install_excepthook` makes the interpreter print only
 ``error: <message>`` for a StartupError and leaves every other exception to the hook that was
-there before. The launcher hook ``flags.around_from_cli_args`` installs it when the command line
+there before. The launcher hook ``launcher.around_from_cli_args`` installs it when the command line
 selects EAGLE3_DYNAMIC (or gives one of its flags); loading the plugin does not install it.
 """
 

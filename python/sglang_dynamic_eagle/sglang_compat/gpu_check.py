@@ -3,7 +3,7 @@
 On a machine without an accelerator sglang's own start-up fails inside
 ``ServerArgs.__post_init__`` (resolving the device) with two chained tracebacks ending in "No
 accelerator ...", before it calls the algorithm's validation. The launcher hook
-(``flags.around_from_cli_args``) runs this package's validation and then this check before sglang
+(``launcher.around_from_cli_args``) runs this package's validation and then this check before sglang
 builds ``ServerArgs``, so the user reads one line that says what to do. Only the standard library
 at import (torch is imported when the check runs), so ``doctor`` can use it too.
 """

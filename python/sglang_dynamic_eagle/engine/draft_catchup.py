@@ -21,11 +21,9 @@ tokens, pays for them (the target verifies every token).
 from __future__ import annotations
 
 import copy
-import logging
-import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from sglang.srt.layers.moe.utils import (
@@ -34,46 +32,16 @@ from sglang.srt.layers.moe.utils import (
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-from sglang_dynamic_eagle.startup_errors import StartupError
-from sglang_dynamic_eagle.step_costs import GpuIntervals
+from sglang_dynamic_eagle.engine.step_costs import GpuIntervals
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
-logger = logging.getLogger(__name__)
-
-MAX_WINDOW = 256
-CATCHUP_BUDGET_ENV = "SGLANG_DYNAMIC_EAGLE_CATCHUP_MIB"
-DEFAULT_CATCHUP_BUDGET_MIB = 1024
-CATCHUP_WINDOW_ENV = "SGLANG_DYNAMIC_EAGLE_CATCHUP_WINDOW"
 # Positions one catch-up rebuilds at most, over all its requests (sglang's default prefill
 # chunk): the catch-up is one eager draft EXTEND forward, and 256 positions for each of 128
 # requests would make it a 32k-token one.
 MAX_CATCHUP_TOKENS = 8192
-
-
-def catchup_budget_bytes() -> int:
-    """The stash's memory budget, from the environment (checked at server start-up)."""
-    raw = os.environ.get(CATCHUP_BUDGET_ENV, str(DEFAULT_CATCHUP_BUDGET_MIB))
-    if not raw.isdigit() or int(raw) < 1:
-        raise StartupError(
-            f"{CATCHUP_BUDGET_ENV}={raw!r} is invalid: set it to a positive number "
-            "of MiB for the draft-KV catch-up stash, or unset it for the default "
-            f"({DEFAULT_CATCHUP_BUDGET_MIB})."
-        )
-    return int(raw) * 1024 * 1024
-
-
-def catchup_max_window() -> int:
-    """Positions caught up per request at most, from the environment (checked at start-up)."""
-    raw = os.environ.get(CATCHUP_WINDOW_ENV, str(MAX_WINDOW))
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_WINDOW:
-        raise StartupError(
-            f"{CATCHUP_WINDOW_ENV}={raw!r} is invalid: set it to a whole number of positions "
-            f"from 1 to {MAX_WINDOW}, or unset it for the default ({MAX_WINDOW})."
-        )
-    return int(raw)
 
 
 def choose_ring_size(
@@ -172,8 +140,6 @@ class DraftCatchup:
         self._missed = [0] * req_pool_size
         # Per request slot: the entries (numbers, not ring indices) of its latest plain steps.
         self._entries: List[deque] = [deque(maxlen=max_window) for _ in range(req_pool_size)]
-        # Per request slot: the committed length a deferred prefill left, until its next step.
-        self._prefill_lengths: Dict[int, int] = {}
         self.device = device
         self.plain_step_lengths = PlainStepLengths(req_pool_size, device)
         self.gpu_time = GpuIntervals()
@@ -189,11 +155,18 @@ class DraftCatchup:
     def stash_bytes(self) -> int:
         return self._tokens.nbytes + self._hidden.nbytes
 
+    def report(self) -> Dict[str, Union[int, float]]:
+        return {
+            "catchup_gpu_ms": round(self.gpu_time.total_ms, 3),
+            "catchup_ring_entries": self.ring_size,
+            "catchup_max_window": self.max_window,
+            "catchup_stash_mib": round(self.stash_bytes / 2**20, 1),
+        }
+
     def forget(self, req_pool_indices: Sequence[int]) -> None:
         """A prefill (re)built these requests' draft KV: nothing is missing."""
         for index in req_pool_indices:
             self._missed[index] = 0
-            self._prefill_lengths.pop(index, None)
             self._entries[index].clear()
 
     def record_plain_step(
@@ -213,48 +186,6 @@ class DraftCatchup:
         for entry, index in enumerate(req_pool_indices_cpu, start=first):
             self._missed[index] += 1
             self._entries[index].append(entry)
-        self._written = first + count
-        if self._prefill_lengths:  # only prefills that stash fill it: the window, off by default
-            for index in req_pool_indices_cpu:
-                self._prefill_lengths.pop(index, None)
-
-    def record_prefill_tail(
-        self,
-        req_pool_indices_cpu: Sequence[int],
-        extend_lens: Sequence[int],
-        seq_lens: Sequence[int],
-        input_ids: torch.Tensor,
-        aux_hidden_states: Optional[torch.Tensor],
-        window: int,
-    ) -> None:
-        """A prefill that ran no draft extend: stash each request's last ``window`` positions
-        of it (fewer if it extended fewer, or if the ring could not hold them all), as a plain
-        step stashes its one, so that these are the positions a catch-up rebuilds; and keep
-        the lengths it leaves (``seq_lens``, on the host) for that catch-up. With nothing to
-        stash (a window of 0: ``aux_hidden_states`` may be None) it only forgets the slots'
-        previous requests."""
-        self.forget(req_pool_indices_cpu)
-        if not req_pool_indices_cpu:
-            return
-        per_request = min(window, self.max_window, self.ring_size // len(req_pool_indices_cpu))
-        if not per_request:
-            return
-        rows: List[int] = []
-        first = self._written
-        end = 0
-        for index, length, seq_len in zip(req_pool_indices_cpu, extend_lens, seq_lens):
-            self._prefill_lengths[index] = seq_len
-            end += length
-            kept = min(per_request, length)
-            entry = first + len(rows)
-            rows.extend(range(end - kept, end))
-            self._missed[index] = kept
-            self._entries[index].extend(range(entry, entry + kept))
-        count = len(rows)
-        source = self._on_device(rows)
-        ring = (torch.arange(count, dtype=torch.int64, device=self.device) + first) % self.ring_size
-        self._tokens[ring] = input_ids[source].to(torch.int64)
-        self._hidden[ring] = aux_hidden_states[source].to(self._hidden.dtype)
         self._written = first + count
 
     def _kept_entries(self, index: int) -> List[int]:
@@ -305,7 +236,7 @@ class DraftCatchup:
             speculative_moe_a2a_backend_context(),
         ):
             self.run(draft_worker, batch, plan)
-        self.gpu_time.stop(start)
+        self.gpu_time.stop(start, plan.num_tokens)
         if plan_stream is not None:
             # The draft extend later in this step plans the same draft attention
             # backend on the plan stream; it must not overtake the catch-up.
@@ -332,21 +263,13 @@ class DraftCatchup:
     def _lengths_on_host(
         self, batch: ScheduleBatch, plan: CatchupPlan, seq_lens: torch.Tensor
     ) -> List[int]:
-        """The rows' lengths on the host: sglang's CPU mirror, else the length a deferred
-        prefill left (a row with no plain step since) or what the plain step before published,
-        else (a row that was in neither) a synchronising copy. The plain step's record may
-        still hold a slot's previous request, so a deferred prefill's length comes first."""
+        """The rows' lengths on the host: sglang's CPU mirror, else what the plain step before
+        published, else (a row that was not in it) a synchronising copy."""
         if batch.seq_lens_cpu is not None:
             return batch.seq_lens_cpu[plan.rows].tolist()
-        slots = [int(batch.req_pool_indices_cpu[row]) for row in plan.rows]
-        known = {slot: self._prefill_lengths[slot] for slot in slots
-                 if slot in self._prefill_lengths}
-        others = [slot for slot in slots if slot not in known]
-        published = self.plain_step_lengths.lengths(others) if others else []
-        if published is None:
-            return seq_lens.cpu().tolist()
-        known.update(zip(others, published))
-        return [known[slot] for slot in slots]
+        published = self.plain_step_lengths.lengths(
+            [int(batch.req_pool_indices_cpu[row]) for row in plan.rows])
+        return seq_lens.cpu().tolist() if published is None else published
 
     def _extend_batch(
         self, draft_worker, batch: ScheduleBatch, plan: CatchupPlan, rows: torch.Tensor

@@ -4,7 +4,7 @@ A ``/generate`` (or OpenAI-compatible) request whose ``input_ids`` hold a negati
 above the vocabulary size reaches the embedding on the GPU, fails a device-side assert there and
 kills the scheduler, with every request in flight; sglang 0.5.17 defines
 ``TokenizerManager._validate_input_ids_in_vocab`` but never calls it. The hook in
-``upstream_internals`` runs :func:`check_token_ids` where sglang validates a request's length, so
+``registry`` runs :func:`check_token_ids` where sglang validates a request's length, so
 a bad request gets HTTP 400 with the message below and the server keeps serving. It applies to
 every server that loads this package, speculative or not.
 """

@@ -1,0 +1,179 @@
+"""DynamicEagleWorker: EAGLE-3 while speculation pays, plain decoding while it does not.
+
+A dispatcher. Every decode step it builds the policy's view of the batch (``observations``:
+KV tokens, queue, the acceptance of its requests), asks the policy (``policy``) for a mode
+(every input identical on every tensor-parallel rank, so every rank takes the same branch and
+issues the same collectives), and runs
+
+* speculative: the draft-KV catch-up for requests that decoded plainly since their last
+  speculative step (``draft_catchup``), then sglang's EAGLE-3 step unchanged;
+* plain: one target DECODE forward through the plain-decode graphs (``plain_step``).
+
+After the step it hands the step's end to the timing feed (``step_costs``), which gives the
+policy the measured times a few steps later, and verify results to the acceptance records and
+the policy (``observations.PolicyFeed``); with a step trace (``observability.trace``) the policy
+and its feed come wrapped. Prefill batches take EAGLE-3's path (target extend +
+draft extend, sglang's own layers), so new requests start with a correct draft context in either
+mode; ``observability.prefill_timing`` measures both parts. What the worker needs besides
+sglang's step is built once the graphs are captured (``startup``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, Optional
+
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+from sglang_dynamic_eagle.config import load_config
+from sglang_dynamic_eagle.engine.draft_catchup import DraftCatchup, batch_req_pool_indices
+from sglang_dynamic_eagle.engine.observations import PolicyFeed, RequestAcceptance, observe
+from sglang_dynamic_eagle.engine.plain_decode_graphs import PlainDecodeGraphs
+from sglang_dynamic_eagle.engine.plain_step import PlainDecodeStep
+from sglang_dynamic_eagle.engine.startup import build_decode_parts
+from sglang_dynamic_eagle.engine.step_costs import TimingFeed
+from sglang_dynamic_eagle.observability.counters import ModeCounters
+from sglang_dynamic_eagle.observability.prefill_timing import PrefillTimer
+from sglang_dynamic_eagle.observability.prometheus_metrics import MetricsExport
+from sglang_dynamic_eagle.policy import DecodeMode, DecodePolicy, ReportValue, StepObservation
+
+logger = logging.getLogger(__name__)
+
+
+class DynamicEagleWorker(EAGLEWorkerV2):
+    """See the module docstring."""
+
+    def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker) -> None:
+        super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
+        self.config = load_config()
+        self.counters = ModeCounters()
+        self.request_acceptance = RequestAcceptance()
+        self.metrics_export = MetricsExport()  # used with --enable-metrics
+        self.prefill_timer = PrefillTimer()
+        self.queued = 0  # requests waiting to be admitted; set by the scheduler hook
+        self._policy: Optional[DecodePolicy] = None
+        self._feed: Optional[PolicyFeed] = None
+        self._plain_graphs: Optional[PlainDecodeGraphs] = None
+        self._plain_step: Optional[PlainDecodeStep] = None
+        self._catchup: Optional[DraftCatchup] = None
+        self._timings: Optional[TimingFeed] = None
+        self._decode_step = 0
+        self._last_step_plain = False
+
+    def init_cuda_graphs(self) -> None:
+        super().init_cuda_graphs()
+        parts = build_decode_parts(self, self.config)
+        self._catchup, self._plain_graphs, self._plain_step = (
+            parts.catchup, parts.plain_graphs, parts.plain_step)
+        self._policy, self._feed, self._timings = parts.policy, parts.feed, parts.timings
+
+    # -- scheduler-facing overrides ---------------------------------------
+
+    @property
+    def war_fastpath_runner(self):
+        # A plain step's last shared-buffer read is the target decode graph,
+        # which publishes its read-done event on the target runner.
+        if self._last_step_plain:
+            return self._target_worker.model_runner
+        return super().war_fastpath_runner
+
+    @property
+    def spec_v2_attn_backends(self) -> tuple:
+        backends = super().spec_v2_attn_backends
+        if self._plain_graphs is None:
+            return backends
+        return backends + (self._plain_graphs.attn_backend,)
+
+    def on_verify_complete_cpu(
+        self, num_correct_drafts_per_req: list[int], batch_size: int = 0
+    ) -> None:
+        if self.counters.record_result(num_correct_drafts_per_req) is DecodeMode.SPECULATIVE:
+            self.request_acceptance.verified(num_correct_drafts_per_req)
+            self._feed.verified(self.counters.verified_step, num_correct_drafts_per_req)
+        super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
+
+    def forward_batch_generation(
+        self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None
+    ) -> GenerationBatchResult:
+        is_extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
+        if is_extend or batch.forward_mode.is_idle():
+            self._last_step_plain = False
+            self._timings.interrupt()
+        if is_extend:
+            self._catchup.forget(batch_req_pool_indices(batch))
+            return self._prefill(batch, on_publish, grammar_barrier)
+        if batch.forward_mode.is_idle():
+            return super().forward_batch_generation(batch, on_publish, grammar_barrier)
+
+        self._decode_step += 1
+        observation = observe(batch, self.queued, self.request_acceptance, self._decode_step)
+        mode = self._decide(observation)
+        result = self._decode(mode, batch, on_publish, grammar_barrier)
+        self._last_step_plain = mode is DecodeMode.PLAIN
+        self.counters.record_step(mode, observation.batch_size,
+                                  ran_graph=bool(result.can_run_cuda_graph), step=self._decode_step)
+        self._harvest_catchup_timings()
+        self._timings.step_done(self._decode_step, mode, observation.batch_size,
+                                observation.kv_tokens)
+        return result
+
+    # -- the steps -------------------------------------------------------
+
+    def _prefill(self, batch: ScheduleBatch, on_publish, grammar_barrier) -> GenerationBatchResult:
+        """EAGLE-3's prefill, timed in two parts: sglang's worker publishes between the
+        target extend and the draft extend."""
+        eagle_forward = super().forward_batch_generation
+        return self.prefill_timer.timed(
+            batch.extend_num_tokens or 0, on_publish,
+            lambda publish: eagle_forward(batch, publish, grammar_barrier))
+
+    def _decode(self, mode: DecodeMode, batch: ScheduleBatch, on_publish,
+                grammar_barrier) -> GenerationBatchResult:
+        if mode is DecodeMode.PLAIN:
+            return self._plain_step.run(batch, on_publish)
+        plan = self._catchup.catch_up(self._draft_worker, batch, self.plan_stream)
+        if plan is not None:
+            self._timings.interrupt()
+            self._timings.catchup_launched(self._decode_step, plan.num_tokens)
+            self.counters.record_catchup(plan.num_tokens, plan.truncated_tokens)
+        self.request_acceptance.launched(batch.reqs)
+        return super().forward_batch_generation(batch, on_publish, grammar_barrier)
+
+    def _decide(self, observation: StepObservation) -> DecodeMode:
+        previous = self._policy.mode
+        mode = self._policy.decide(observation)
+        if mode is not previous:
+            self.counters.record_switch(mode)
+            logger.info("EAGLE3_DYNAMIC: %s mode at batch %d (queue %d).", mode.value,
+                        observation.batch_size, observation.queued)
+        return mode
+
+    def _harvest_catchup_timings(self) -> None:
+        """Hand the timing feed the catch-ups whose GPU time has completed (no waiting); it
+        gives them to the policy identical on every rank."""
+        for _, catchup_ms in self._catchup.gpu_time.finished():
+            self._timings.catchup_timed(catchup_ms)
+
+    # -- reporting -------------------------------------------------------
+
+    @property
+    def mode(self) -> DecodeMode:
+        """The policy's mode: that of the latest decode step it decided (speculative before
+        the first one)."""
+        return self._policy.mode
+
+    def report(self) -> Dict[str, ReportValue]:
+        """Counters, policy state and static facts, for /server_info."""
+        self._harvest_catchup_timings()
+        return {
+            **self.counters.snapshot(),
+            **self._policy.report(),
+            "queued": self.queued,
+            "crossover_batch": self._feed.crossover_batch(),
+            **self._catchup.report(),
+            **self._plain_graphs.report(),
+            "acceptance_mismatched_results": self.request_acceptance.mismatched,
+            **self.prefill_timer.report(),
+        }

@@ -1,0 +1,96 @@
+"""Decode-step traces for replay (opt-in: ``SGLANG_DYNAMIC_EAGLE_TRACE=<file>``, ``config``).
+
+One JSON object per line, appended as the server runs, joined by step in
+``policy.replay.load_trace``:
+
+* ``{"k": "step", "step", "t", "mode", "b", "kv", "q"}`` when a decode step is decided;
+* ``{"k": "time", "step", "ms"}`` when its measured time reaches the policy;
+* ``{"k": "verify", "step", "tokens", "requests"}`` when a speculative step's verify result is
+  processed (tokens include the bonus token);
+* ``{"k": "catchup", "t", "tokens", "ms"}`` when a catch-up's GPU time is known.
+
+:func:`traced` wraps the worker's policy and its feed (``engine.observations.PolicyFeed``) so
+that both record what passes through them; without the variable it returns them unwrapped, and
+nothing of the trace runs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Optional, Sequence, Tuple
+
+
+class StepTrace:
+    """The trace file, line-buffered: a killed server loses at most the line being written."""
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "a", buffering=1)
+
+    def _write(self, record: dict) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def step(self, observation, mode) -> None:
+        self._write({"k": "step", "step": observation.step, "t": round(time.time(), 4),
+                     "mode": mode.value, "b": observation.batch_size,
+                     "kv": observation.kv_tokens, "q": observation.queued})
+
+    def time(self, step: int, ms: float) -> None:
+        self._write({"k": "time", "step": step, "ms": round(ms, 4)})
+
+    def verify(self, step: int, correct_drafts_per_req: Sequence[int]) -> None:
+        self._write({"k": "verify", "step": step,
+                     "tokens": sum(correct_drafts_per_req) + len(correct_drafts_per_req),
+                     "requests": len(correct_drafts_per_req)})
+
+    def catchup(self, tokens: int, ms: float) -> None:
+        self._write({"k": "catchup", "t": round(time.time(), 4), "tokens": tokens,
+                     "ms": round(ms, 4)})
+
+
+class TracedPolicy:
+    """A ``DecodePolicy`` whose every decision is traced."""
+
+    def __init__(self, policy, trace: StepTrace) -> None:
+        self.policy, self._trace = policy, trace
+
+    mode = property(lambda self: self.policy.mode)
+    max_speculative_batch = property(lambda self: self.policy.max_speculative_batch)
+
+    def decide(self, observation):
+        mode = self.policy.decide(observation)
+        self._trace.step(observation, mode)
+        return mode
+
+    def report(self) -> dict:
+        return self.policy.report()
+
+
+class TracedFeed:
+    """A policy feed whose every measurement is traced as it is handed over."""
+
+    def __init__(self, feed, trace: StepTrace) -> None:
+        self.feed, self._trace = feed, trace
+
+    def verified(self, step: int, correct_drafts_per_req: Sequence[int]) -> None:
+        self.feed.verified(step, correct_drafts_per_req)
+        self._trace.verify(step, correct_drafts_per_req)
+
+    def step_time(self, step: int, mode, batch_size: int, kv_tokens: int, ms: float) -> None:
+        self.feed.step_time(step, mode, batch_size, kv_tokens, ms)
+        self._trace.time(step, ms)
+
+    def catchup(self, tokens: int, ms: float) -> None:
+        self.feed.catchup(tokens, ms)
+        self._trace.catchup(tokens, ms)
+
+    def crossover_batch(self) -> int:
+        return self.feed.crossover_batch()
+
+
+def traced(policy, feed, path: Optional[str]) -> Tuple[Any, Any]:
+    """``(policy, feed)``, both recording to the trace at ``path``; unchanged without one."""
+    if not path:
+        return policy, feed
+    trace = StepTrace(path)
+    return TracedPolicy(policy, trace), TracedFeed(feed, trace)

@@ -1,0 +1,4 @@
+"""The HookRegistry hooks that run while the server serves (``registry.HOOKS`` installs them with
+the command-line hooks of ``launcher``): the report in ``/server_info``, the decode log line
+and metrics, and the queue length (``reporting``); the token-id guard (``request_guards``); the
+prefill's tail tokens without a host sync (``prefill_tail_tokens``)."""

@@ -1,0 +1,260 @@
+"""The package's layout keeps its architecture visible: every module imports, no module imports
+itself through others (at module level or inside a function, ``TYPE_CHECKING`` imports
+included), modules stay short, and every assignment to another object's attribute is a patch the
+registry lists (``patched_by``) or one on the package's own objects."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+import pytest
+
+import sglang_dynamic_eagle
+from sglang_dynamic_eagle.sglang_compat.registry import RELIANCES
+
+PACKAGE = Path(sglang_dynamic_eagle.__file__).parent
+NAME = "sglang_dynamic_eagle"
+WORKER_MAX_LINES = 249
+MODULE_MAX_LINES = 350
+# Functions that assign attributes of the package's own objects, not of sglang's.
+OWN_OBJECTS = {
+    f"{NAME}.observability.prefill_timing.PrefillTimer.target_done": "its PrefillEvents",
+    f"{NAME}.observability.prefill_timing.PrefillTimer.stop": "its PrefillEvents",
+    f"{NAME}.sglang_compat.startup_errors.one_line_excepthook": "the hook it defines",
+    f"{NAME}.policy.throughput.ThroughputPolicy.add_step_time": "its decision records",
+}
+TOP_LEVEL, IN_FUNCTION = "top level", "in a function"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES: Dict[str, Path] = {
+    module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))
+    if "__pycache__" not in path.parts
+}
+
+
+def is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package(module) else module.split(".")[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imported_modules(module: str, node: ast.AST) -> List[str]:
+    """The package's modules an import statement names (``from a import b`` names ``a.b`` where
+    that is a module, else ``a``)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        source = _absolute(module, node)
+        names = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in MODULES else source
+                 for alias in node.names]
+    else:
+        return []
+    found = []
+    for name in names:
+        while name and name not in MODULES:  # ``import a.b.c`` of a name inside a module
+            name = name.rpartition(".")[0]
+        if name.startswith(NAME) and name not in found:
+            found.append(name)
+    return found
+
+
+def import_edges(module: str) -> Iterator[Tuple[str, str]]:
+    """(imported module, TOP_LEVEL or IN_FUNCTION) for every package-internal import."""
+    tree = ast.parse(MODULES[module].read_text())
+
+    def visit(node: ast.AST, where: str) -> Iterator[Tuple[str, str]]:
+        for target in imported_modules(module, node):
+            yield target, where
+        inner = IN_FUNCTION if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                  ast.Lambda)) else where
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child, inner)
+
+    yield from visit(tree, TOP_LEVEL)
+
+
+def import_graph(kinds: Set[str]) -> Dict[str, Dict[str, str]]:
+    graph: Dict[str, Dict[str, str]] = {module: {} for module in MODULES}
+    for module in MODULES:
+        for target, where in import_edges(module):
+            if where in kinds:
+                graph[module].setdefault(target, where)
+    return graph
+
+
+def cycles(graph: Dict[str, Dict[str, str]]) -> List[List[str]]:
+    """Every strongly connected component of more than one module, or with a self-import
+    (Tarjan), each as its modules in order."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    found: List[List[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                connect(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph[node]:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def describe(component: List[str], graph: Dict[str, Dict[str, str]]) -> str:
+    edges = [f"{a} -> {b} ({graph[a][b]})" for a in component for b in graph[a]
+             if b in component]
+    return "; ".join(edges)
+
+
+# --------------------------------------------------------------------------- imports
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_every_module_imports(module: str) -> None:
+    importlib.import_module(module)
+
+
+@pytest.mark.parametrize("kinds", [{TOP_LEVEL}, {TOP_LEVEL, IN_FUNCTION}],
+                         ids=["top-level imports", "top-level and function-level imports"])
+def test_no_import_cycles(kinds: Set[str]) -> None:
+    graph = import_graph(kinds)
+    assert [describe(component, graph) for component in cycles(graph)] == []
+
+
+def test_the_cycle_check_sees_a_cycle() -> None:
+    graph = {"a": {"b": TOP_LEVEL}, "b": {"c": IN_FUNCTION}, "c": {"a": TOP_LEVEL}, "d": {}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"a": TOP_LEVEL}}) == [["a"]]
+    assert cycles({"a": {"b": TOP_LEVEL}, "b": {}}) == []
+
+
+def test_the_import_graph_sees_type_checking_and_function_imports() -> None:
+    edges = dict(import_edges(f"{NAME}.engine.plain_step"))
+    assert edges[f"{NAME}.engine.plain_decode_graphs"] == TOP_LEVEL  # under TYPE_CHECKING
+    plugin = dict(import_edges(f"{NAME}.sglang_compat.plugin"))
+    assert plugin[f"{NAME}.engine.worker"] == IN_FUNCTION
+    assert plugin[f"{NAME}.sglang_compat.registry"] == TOP_LEVEL
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+def line_count(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_the_worker_is_short() -> None:
+    assert line_count(PACKAGE / "engine" / "worker.py") <= WORKER_MAX_LINES
+
+
+def test_no_module_is_long() -> None:
+    long = {name: line_count(path) for name, path in MODULES.items()
+            if line_count(path) > MODULE_MAX_LINES}
+    assert long == {}
+
+
+# --------------------------------------------------------------------------- patches
+
+
+def attribute_assignments(module: str) -> Iterator[Tuple[str, str, int]]:
+    """(qualified name of the enclosing function, ``base.attribute``, line) of every
+    assignment to an attribute of an object other than ``self``."""
+    tree = ast.parse(MODULES[module].read_text())
+
+    def targets(node: ast.AST) -> Iterator[ast.AST]:
+        if isinstance(node, (ast.Tuple, ast.List)):
+            for element in node.elts:
+                yield from targets(element)
+        else:
+            yield node
+
+    def visit(node: ast.AST, scope: List[str]) -> Iterator[Tuple[str, str, int]]:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            scope = scope + [node.name]
+        assigned: List[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            assigned = [t for target in node.targets for t in targets(target)]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            assigned = [node.target]
+        for target in assigned:
+            if isinstance(target, ast.Attribute) and not (
+                    isinstance(target.value, ast.Name) and target.value.id in ("self", "cls")):
+                yield ".".join([module] + scope), ast.unparse(target), node.lineno
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child, scope)
+
+    yield from visit(tree, [])
+
+
+def test_every_attribute_swap_is_in_the_registry() -> None:
+    listed = {path for reliance in RELIANCES for path in reliance.patched_by}
+    unlisted = [f"{function}: {target} (line {line})"
+                for module in MODULES for function, target, line in attribute_assignments(module)
+                if function not in listed and function not in OWN_OBJECTS]
+    assert unlisted == []
+
+
+def test_the_attribute_check_sees_a_swap() -> None:
+    found = list(attribute_assignments(f"{NAME}.engine.plain_decode_graphs"))
+    assert (f"{NAME}.engine.plain_decode_graphs.PlainDecodeGraphs.active",
+            "runner.attn_backend") in [(function, target) for function, target, _ in found]
+
+
+def test_no_setattr_and_no_class_swap() -> None:
+    found = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
+                    node.func.id == "setattr"):
+                found.append(f"{module}:{node.lineno} setattr")
+            if isinstance(node, ast.Attribute) and node.attr == "__class__" and isinstance(
+                    node.ctx, ast.Store):
+                found.append(f"{module}:{node.lineno} __class__ =")
+    assert found == []
+
+
+def test_every_patching_function_is_where_the_registry_says() -> None:
+    for reliance in RELIANCES:
+        for path in reliance.patched_by:
+            module = next((m for m in sorted(MODULES, key=len, reverse=True)
+                           if path.startswith(m + ".")), None)
+            assert module is not None, path
+            functions = {function for function, _, _ in attribute_assignments(module)}
+            hook: Optional[object] = importlib.import_module(module)
+            for name in path[len(module) + 1:].split("."):
+                hook = getattr(hook, name)
+            assert callable(hook), path
+            if reliance.kind == "attribute swap":
+                assert path in functions, f"{path} assigns no attribute ({reliance.target})"
