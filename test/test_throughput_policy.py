@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import List
+from typing import Callable, Iterable, List, Sequence
 
 import numpy as np
 import pytest
 
 from sglang_dynamic_eagle.policy import (DecodeMode, StepObservation, ThresholdPolicy,
                                          ThresholdPolicyConfig)
-from sglang_dynamic_eagle.policy.replay import (World, load_recorded, oracle_rate,
-                                                recorded_world, simulate, synthetic_world,
+from sglang_dynamic_eagle.policy.replay import (World, _bucket, load_recorded, oracle_rate,
+                                                recorded_world, simulate,
                                                 throughput_policy_for)
 from sglang_dynamic_eagle.policy.throughput import (EXPLORATION_SHARE, ThroughputPolicyConfig,
                                                     new_throughput_policy)
@@ -32,6 +32,27 @@ SPEC, PLAIN = DecodeMode.SPECULATIVE, DecodeMode.PLAIN
 BUCKETS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128]
 PLAIN_KV_MS = 131072 / 4e9
 SPEC_KV_MS = (131072 + 4 * 4096) / 4e9
+
+
+def synthetic_world(batches: Iterable[int], kv_per_request: Iterable[float],
+                    acceptance: Iterable[float], queued: Iterable[int], *,
+                    plain_base_ms: Callable[[int], float], spec_base_ms: Callable[[int], float],
+                    plain_per_kv_token_ms: float, spec_per_kv_token_ms: float,
+                    max_speculative_batch: int, catchup_per_token_ms: float,
+                    catchup_fixed_ms: float = 0.0, buckets: Sequence[int] = ()) -> World:
+    """A world from a step model's parameters (for tests of the policy's properties); base
+    costs are taken at each step's CUDA-graph bucket (the smallest of ``buckets`` holding it),
+    as a graph replays at its bucket's size whatever the batch."""
+    b = np.array(list(batches))
+    padded = np.array([_bucket(sorted(buckets), x) if buckets and x <= max(buckets) else x
+                       for x in b])
+    kv = np.array(list(kv_per_request)) * b
+    acc = np.array(list(acceptance))
+    plain = np.array([plain_base_ms(x) for x in padded]) + plain_per_kv_token_ms * kv
+    spec = np.array([spec_base_ms(p) if x <= max_speculative_batch else np.inf
+                     for x, p in zip(b, padded)])
+    return World(b, kv.astype(int), np.array(list(queued)), plain,
+                 spec + spec_per_kv_token_ms * kv, acc * b, catchup_fixed_ms, catchup_per_token_ms)
 
 
 def plain_base(b: int) -> float:
@@ -323,3 +344,24 @@ def test_any_batch_decides_without_error(batch: int) -> None:
         obs = StepObservation(batch_size=batch, kv_tokens=batch * 1000, step=step,
                               remaining=[1] * batch if batch <= 128 else ())
         assert policy.decide(obs) in (PLAIN, SPEC)
+
+
+def test_a_recorded_trace_carries_the_policy_that_recorded_it(tmp_path) -> None:
+    """A server's trace begins with its policy's configuration and priors: replaying it needs
+    nothing else, and rebuilds the same policy."""
+    from sglang_dynamic_eagle.engine.observations import PolicyFeed
+    from sglang_dynamic_eagle.observability.trace import traced
+
+    path = tmp_path / "trace.jsonl"
+    original = modelled_policy()
+    policy, feed = traced(original, PolicyFeed(original), str(path))
+    for step, b in enumerate([4, 8, 40, 8], start=1):
+        mode = policy.decide(StepObservation(batch_size=b, kv_tokens=700 * b, step=step))
+        feed.step_time(step, mode, b, 700 * b, 6.0 + 0.1 * b)
+    feed.catchup(64, 2.0)
+    feed.catchup(128, 2.5)
+    feed.catchup(256, 3.5)
+    steps, meta = load_recorded(path)
+    assert [s.batch for s in steps] == [4, 8, 40, 8]
+    assert throughput_policy_for(meta).describe() == original.describe()
+    assert meta["catchup"]["per_token_ms"] == pytest.approx(1.0 / 128)

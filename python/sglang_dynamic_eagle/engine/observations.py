@@ -17,7 +17,7 @@ from collections import deque
 from typing import Deque, List, Sequence, Tuple
 
 from sglang_dynamic_eagle.policy import DecodeMode, DecodePolicy, StepObservation
-from sglang_dynamic_eagle.policy.throughput import ThroughputPolicy, crossover_batch
+from sglang_dynamic_eagle.policy.throughput import ThroughputPolicy
 
 
 class RequestAcceptance:
@@ -99,4 +99,4 @@ class PolicyFeed:
     def crossover_batch(self) -> int:
         """Largest batch at which speculation is predicted to pay (short contexts; 0 with the
         threshold policy)."""
-        return 0 if self._learner is None else crossover_batch(self._learner)
+        return 0 if self._learner is None else self._learner.crossover_batch()

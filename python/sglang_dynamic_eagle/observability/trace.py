@@ -93,4 +93,6 @@ def traced(policy, feed, path: Optional[str]) -> Tuple[Any, Any]:
     if not path:
         return policy, feed
     trace = StepTrace(path)
+    if hasattr(policy, "describe"):
+        trace._write({"k": "config", **policy.describe()})
     return TracedPolicy(policy, trace), TracedFeed(feed, trace)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -268,55 +268,47 @@ def oracle_rate(world: World, catchup_window: int, catchup_max_tokens: int = 819
     return 1000.0 * float(world.batch.sum()) / best
 
 
-def regret(policy_factory: Callable[[], object], world: World, catchup_window: int,
-           catchup_max_tokens: int = 8192) -> float:
-    """1 - the policy's tokens per second / the oracle's."""
-    result = simulate(policy_factory(), world, catchup_window, catchup_max_tokens)
-    return 1.0 - result.rate / oracle_rate(world, catchup_window, catchup_max_tokens)
+def _read_text(path: Path) -> str:
+    if path.suffix == ".xz":
+        import lzma
 
-
-def synthetic_world(batches: Iterable[int], kv_per_request: Iterable[float],
-                    acceptance: Iterable[float], queued: Iterable[int], *,
-                    plain_base_ms: Callable[[int], float], spec_base_ms: Callable[[int], float],
-                    plain_per_kv_token_ms: float, spec_per_kv_token_ms: float,
-                    max_speculative_batch: int, catchup_per_token_ms: float,
-                    catchup_fixed_ms: float = 0.0, buckets: Sequence[int] = ()) -> World:
-    """A world from a step model's parameters (for tests of the policy's properties); base
-    costs are taken at each step's CUDA-graph bucket (the smallest of ``buckets`` holding it),
-    as a graph replays at its bucket's size whatever the batch."""
-    b = np.array(list(batches))
-    padded = np.array([_bucket(sorted(buckets), x) if buckets and x <= max(buckets) else x
-                       for x in b])
-    kv = np.array(list(kv_per_request)) * b
-    acc = np.array(list(acceptance))
-    plain = np.array([plain_base_ms(x) for x in padded]) + plain_per_kv_token_ms * kv
-    spec = np.array([spec_base_ms(p) if x <= max_speculative_batch else np.inf
-                     for x, p in zip(b, padded)])
-    return World(b, kv.astype(int), np.array(list(queued)), plain,
-                 spec + spec_per_kv_token_ms * kv, acc * b, catchup_fixed_ms, catchup_per_token_ms)
+        return lzma.open(path, "rt").read()
+    return path.read_text()
 
 
 def load_recorded(trace_path: Path) -> Tuple[List[TraceStep], dict]:
-    """A committed trace and its sidecar (``<name>.json``: the server's start-up priors and
-    configuration); ``.xz`` traces are read compressed."""
-    trace_path = Path(trace_path)
-    name = trace_path.name.split(".jsonl")[0]
-    meta = json.loads((trace_path.parent / f"{name}.json").read_text())
-    if trace_path.suffix == ".xz":
-        import lzma
-        import tempfile
+    """A recorded trace (``.xz`` read compressed) and its server's configuration and priors:
+    the trace's ``config`` line, or a sidecar ``<name>.json`` beside it; without a sidecar's
+    ``catchup`` the catch-up cost is fitted from the trace's ``catchup`` lines."""
+    import tempfile
 
-        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as tmp:
-            tmp.write(lzma.open(trace_path, "rt").read())
-        steps = load_trace(Path(tmp.name))
-        Path(tmp.name).unlink()
+    trace_path = Path(trace_path)
+    text = _read_text(trace_path)
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as tmp:
+        tmp.write(text)
+    steps = load_trace(Path(tmp.name))
+    Path(tmp.name).unlink()
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    sidecar = trace_path.parent / f"{trace_path.name.split('.jsonl')[0]}.json"
+    if sidecar.exists():
+        meta = json.loads(sidecar.read_text())
     else:
-        steps = load_trace(trace_path)
+        meta = next((r for r in records if r.get("k") == "config"), None)
+        if meta is None:
+            raise ValueError(f"{trace_path}: no config line and no sidecar {sidecar.name}")
+    if "catchup" not in meta:
+        points = [(r["tokens"], r["ms"]) for r in records if r.get("k") == "catchup"][1:]
+        fixed, per_token = (float(np.mean([p[1] for p in points])), 0.0) if points else (0.0, 0.0)
+        if len({p[0] for p in points}) > 1:
+            per_token, fixed = (float(c) for c in np.polyfit(*zip(*points), 1))
+            per_token, fixed = max(0.0, per_token), max(0.0, fixed)
+        meta = {**meta, "catchup": {"fixed_ms": fixed, "per_token_ms": per_token}}
     return steps, meta
 
 
 def recorded_world(steps: Sequence[TraceStep], meta: dict) -> World:
-    plain_buckets = sorted(int(b) for b in meta["calibration"]["plain"])
+    plain_buckets = sorted(meta["buckets"]["plain"] if "buckets" in meta
+                           else (int(b) for b in meta["calibration"]["plain"]))
     return World.from_trace(steps, plain_buckets, meta["max_speculative_batch"],
                             catchup_per_token_ms=meta["catchup"]["per_token_ms"],
                             catchup_fixed_ms=meta["catchup"]["fixed_ms"])
@@ -329,21 +321,26 @@ def throughput_policy_for(meta: dict, per_kv_token_scale: float = 1.0):
 
     calibration = {DecodeMode(mode): {int(b): ms for b, ms in table.items()}
                    for mode, table in meta["calibration"].items()}
-    buckets = {mode: sorted(table) for mode, table in calibration.items()}
-    bytes_per_ms = meta["bandwidth_gbps"] * 1e6
-    kv = meta["kv_bytes_per_token"]
-    per_kv = {
-        DecodeMode.PLAIN: per_kv_token_scale * kv["target"] / bytes_per_ms,
-        DecodeMode.SPECULATIVE: per_kv_token_scale * (
-            kv["target"] + (meta["speculative_num_steps"] + 1) * kv["draft"]) / bytes_per_ms,
-    }
-    config = ThroughputPolicyConfig(
-        max_speculative_batch=meta["max_speculative_batch"],
-        max_running_requests=meta["max_running_requests"],
-        kv_capacity_tokens=meta["kv_capacity_tokens"],
-        catchup_window=meta["catchup_window"],
-    )
+    if "buckets" in meta:
+        buckets = {DecodeMode(mode): list(b) for mode, b in meta["buckets"].items()}
+    else:
+        buckets = {mode: sorted(table) for mode, table in calibration.items()}
+    if "per_kv_token_ms" in meta:  # written by the server (the trace's config line)
+        per_kv = {DecodeMode(m): per_kv_token_scale * v for m, v in meta["per_kv_token_ms"].items()}
+    else:  # a hand-made sidecar: KV bytes per token over bandwidth
+        bytes_per_ms = meta["bandwidth_gbps"] * 1e6
+        kv = meta["kv_bytes_per_token"]
+        per_kv = {
+            DecodeMode.PLAIN: per_kv_token_scale * kv["target"] / bytes_per_ms,
+            DecodeMode.SPECULATIVE: per_kv_token_scale * (
+                kv["target"] + (meta["speculative_num_steps"] + 1) * kv["draft"]) / bytes_per_ms,
+        }
+    config = ThroughputPolicyConfig(**{
+        name: meta[name] for name in ("max_speculative_batch", "max_running_requests",
+                                      "kv_capacity_tokens", "catchup_window",
+                                      "catchup_max_tokens") if name in meta})
     spec = calibration[DecodeMode.SPECULATIVE]
+    prior = meta.get("catchup_prior_fixed_ms", spec[min(spec)] if spec else 0.0)
     return new_throughput_policy(config, buckets, calibration, per_kv,
-                                 catchup_prior_fixed_ms=spec[min(spec)],
+                                 catchup_prior_fixed_ms=prior,
                                  max_acceptance=meta["max_acceptance"])

@@ -35,22 +35,16 @@ from dataclasses import dataclass
 from typing import Deque, Dict, List, Mapping, Optional, Sequence
 
 from sglang_dynamic_eagle.policy.step_model import Acceptance, CatchupCost, ModeCost
-from sglang_dynamic_eagle.policy.types import (
-    DecodeMode,
-    ReportValue,
-    StepObservation,
-    check_int_at_least,
-)
+from sglang_dynamic_eagle.policy.types import (DecodeMode, ReportValue, StepObservation,
+                                               check_int_at_least)
 
 # At most this share of decode time goes to measuring the mode the policy would not pick.
 EXPLORATION_SHARE = 0.01
 # Steps of one probe: the step timer drops a run's first step, and a bucket's fit needs
 # MIN_BUCKET_SAMPLES (4) timed steps; two more verifies firm up the acceptance.
 PROBE_STEPS = 7
-# The budget saves up for at most two probes (an idle stretch does not buy a burst of probes).
-EXPLORATION_CAP_PROBES = 2.0
-# Decisions kept for /server_info.
-RECENT_DECISIONS = 16
+EXPLORATION_CAP_PROBES = 2.0  # the budget saves up for two probes at most, not a burst
+RECENT_DECISIONS = 16  # decisions kept for /server_info
 
 
 @dataclass(frozen=True)
@@ -285,6 +279,31 @@ class ThroughputPolicy:
             for step in sorted(self._by_step)[: len(self._by_step) - 4 * RECENT_DECISIONS]:
                 del self._by_step[step]
 
+    def describe(self) -> Dict[str, object]:
+        """Configuration and priors: a trace's first line, rebuilt by a replay."""
+        modes = (DecodeMode.PLAIN, DecodeMode.SPECULATIVE)
+        return {
+            "buckets": {m.value: list(self.costs[m].buckets) for m in modes},
+            "calibration": {m.value: {str(b): round(ms, 5)
+                                      for b, ms in self.costs[m].calibration.items()}
+                            for m in modes},
+            "per_kv_token_ms": {m.value: self.costs[m].prior_per_kv_token_ms for m in modes},
+            "catchup_prior_fixed_ms": self.catchup.prior_fixed_ms,
+            "max_acceptance": self.acceptance.max_acceptance,
+            **vars(self.config),
+        }
+
+    def crossover_batch(self, kv_tokens_per_request: float = 0.0) -> int:
+        """Largest speculative bucket where speculation is predicted to pay at the server-wide
+        acceptance (for logs and gauges); 0 if none."""
+        acceptance = self.acceptance.server_mean or self.acceptance.max_acceptance
+        plain, spec = self.costs[DecodeMode.PLAIN], self.costs[DecodeMode.SPECULATIVE]
+        paying = [b for b in spec.buckets
+                  if (t_plain := plain.predict(b, kv_tokens_per_request * b))
+                  and (t_spec := spec.predict(b, kv_tokens_per_request * b))
+                  and acceptance * t_plain >= t_spec]
+        return max(paying, default=0)
+
     def prediction_error(self) -> Optional[float]:
         """Mean |predicted - measured| / measured over the recent decisions with both."""
         errors = [abs(d.predicted_ms - d.measured_ms) / d.measured_ms for d in self._measured
@@ -309,22 +328,6 @@ class ThroughputPolicy:
             "recent_decisions": [d.as_dict() for d in self._measured]
             + [d.as_dict() for d in list(self._recent)[-1:]],
         }
-
-
-def crossover_batch(policy: ThroughputPolicy, kv_tokens_per_request: float = 0.0) -> int:
-    """Largest speculative bucket at which speculation is predicted to pay at the current
-    server-wide acceptance (for logs and gauges); 0 if none."""
-    acceptance = policy.acceptance.server_mean or policy.acceptance.max_acceptance
-    best = 0
-    for bucket in policy.costs[DecodeMode.SPECULATIVE].buckets:
-        kv = kv_tokens_per_request * bucket
-        t_plain = policy.costs[DecodeMode.PLAIN].predict(bucket, kv)
-        t_spec = policy.costs[DecodeMode.SPECULATIVE].predict(bucket, kv)
-        if t_plain and t_spec and acceptance * t_plain >= t_spec:
-            best = bucket
-    return best
-
-
 
 def new_throughput_policy(
     config: ThroughputPolicyConfig,
