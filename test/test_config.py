@@ -360,3 +360,15 @@ def test_validate_rejects_bad_env(monkeypatch):
     monkeypatch.setenv(ENV_VAR, json.dumps({"switch_patience": -1}))
     with pytest.raises(ValueError, match=PATIENCE_FLAG):
         launcher.validate_server_args(_server_args())
+
+
+def test_an_unknown_setting_of_this_package_is_named_in_a_warning(caplog) -> None:
+    """A variable the package no longer reads (or a typo) is not silently ignored."""
+    import logging
+
+    from sglang_dynamic_eagle.config import load_config
+
+    with caplog.at_level(logging.WARNING):
+        load_config({"SGLANG_DYNAMIC_EAGLE_DRAFT_PREFILL": "full", "SGLANG_OTHER": "1"})
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "SGLANG_DYNAMIC_EAGLE_DRAFT_PREFILL" in warnings[0]

@@ -119,7 +119,7 @@ def split_trace(trace: Path, runs: list[dict], out_dir: Path, prefix: str) -> No
 
 
 # EAGLE3_DYNAMIC's mode counters: the plugin publishes a dict under "dynamic_eagle" in
-# internal_states[0] of /server_info (python/sglang_dynamic_eagle/worker.py, report(); the top
+# internal_states[0] of /server_info (python/sglang_dynamic_eagle/engine/worker.py, report(); the top
 # level is accepted too), counters and static facts of the server (thresholds, graph sizes).
 COUNTERS_KEY = "dynamic_eagle"
 COUNTER_FIELDS = ("speculative_steps", "plain_steps", "switches_to_plain", "switches_to_speculative",

@@ -40,6 +40,7 @@ fix, before any GPU work (the launcher checks them all, and each scheduler proce
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, replace
 from functools import partial
@@ -55,6 +56,7 @@ from sglang_dynamic_eagle.policy import (
 )
 from sglang_dynamic_eagle.sglang_compat.startup_errors import StartupError
 
+logger = logging.getLogger(__name__)
 ENV_VAR = "SGLANG_DYNAMIC_EAGLE_FLAGS"
 CATCHUP_BUDGET_ENV = "SGLANG_DYNAMIC_EAGLE_CATCHUP_MIB"
 CATCHUP_WINDOW_ENV = "SGLANG_DYNAMIC_EAGLE_CATCHUP_WINDOW"
@@ -302,6 +304,11 @@ def load_config(environ: Optional[Mapping[str, str]] = None) -> Config:
     every variable of ``ENVIRONMENT``, each checked; works in any process (launcher, scheduler
     subprocesses, Python-API users)."""
     environ = os.environ if environ is None else environ
+    known = {ENV_VAR, SYNC_CHECK_ENV} | {spec.name for spec in ENVIRONMENT}
+    for name in sorted(n for n in environ if n.startswith("SGLANG_DYNAMIC_EAGLE_")
+                       and n not in known):
+        logger.warning("EAGLE3_DYNAMIC ignores %s: no such setting (known: %s).", name,
+                       ", ".join(sorted(known)))
     values: Dict[str, Any] = {spec.field: spec.parse(environ.get(spec.name))
                               for spec in ENVIRONMENT}
     return replace(_flags_from_environment(environ.get(ENV_VAR)), **values)

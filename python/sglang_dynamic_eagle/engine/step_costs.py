@@ -240,7 +240,8 @@ class TimingFeed:
         self._catchups_in_flight.append(step)
 
     def catchup_timed(self, ms: float) -> None:
-        """The GPU time of the oldest catch-up in flight (they complete in launch order)."""
+        """The GPU time of the oldest catch-up in flight: catch-ups complete in launch order,
+        and ``DraftCatchup.catch_up`` is the only place that times one."""
         if self._catchups_in_flight:
             self._catchup_ms[self._catchups_in_flight.popleft()] = ms
 

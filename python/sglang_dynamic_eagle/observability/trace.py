@@ -3,11 +3,14 @@
 One JSON object per line, appended as the server runs, joined by step in
 ``policy.replay.load_trace``:
 
+* ``{"k": "config", ...}`` first: the automatic policy's configuration and priors (a server
+  restarted on the same file appends another; a replay reads the last);
 * ``{"k": "step", "step", "t", "mode", "b", "kv", "q"}`` when a decode step is decided;
 * ``{"k": "time", "step", "ms"}`` when its measured time reaches the policy;
 * ``{"k": "verify", "step", "tokens", "requests"}`` when a speculative step's verify result is
   processed (tokens include the bonus token);
-* ``{"k": "catchup", "t", "tokens", "ms"}`` when a catch-up's GPU time is known.
+* ``{"k": "catchup", "t", "tokens", "ms"}`` when a catch-up's GPU time reaches the policy
+  (the slowest rank's, with the step times).
 
 :func:`traced` wraps the worker's policy and its feed (``engine.observations.PolicyFeed``) so
 that both record what passes through them; without the variable it returns them unwrapped, and

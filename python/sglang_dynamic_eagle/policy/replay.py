@@ -278,7 +278,7 @@ def _read_text(path: Path) -> str:
 
 def load_recorded(trace_path: Path) -> Tuple[List[TraceStep], dict]:
     """A recorded trace (``.xz`` read compressed) and its server's configuration and priors:
-    the trace's ``config`` line, or a sidecar ``<name>.json`` beside it; without a sidecar's
+    the trace's last ``config`` line, or a sidecar ``<name>.json`` beside it; without a sidecar's
     ``catchup`` the catch-up cost is fitted from the trace's ``catchup`` lines."""
     import tempfile
 
@@ -293,7 +293,7 @@ def load_recorded(trace_path: Path) -> Tuple[List[TraceStep], dict]:
     if sidecar.exists():
         meta = json.loads(sidecar.read_text())
     else:
-        meta = next((r for r in records if r.get("k") == "config"), None)
+        meta = next((r for r in reversed(records) if r.get("k") == "config"), None)
         if meta is None:
             raise ValueError(f"{trace_path}: no config line and no sidecar {sidecar.name}")
     if "catchup" not in meta:
