@@ -153,6 +153,12 @@ def test_observe_reads_sglangs_own_requests() -> None:
             observation.step) == (2, 45, 4, 9)
     assert list(observation.remaining) == [8, 1 << 30]
     assert (list(observation.verifies), list(observation.accepted)) == ([1, 0], [3, 0])
+    # Above the limit (the speculative graphs; 0 for the threshold policy) the per-request
+    # records are not read: the step is plain whatever they say.
+    above = observe(SimpleNamespace(reqs=[limited, unlimited]), 4, acceptance, 10,
+                    per_request_up_to=1)
+    assert (above.batch_size, above.kv_tokens) == (2, 45)
+    assert not above.verifies and not above.remaining
 
 
 # --------------------------------------------------------------------------- token-id guard

@@ -399,6 +399,7 @@ def test_the_observation_carries_kv_tokens_queue_and_remaining_tokens(worker) ->
     request_in(0, kv=120, max_new_tokens=50, output_len=10)
     request_in(1, kv=300, max_new_tokens=None)  # no limit
     request_in(2, kv=7, max_new_tokens=4, output_len=4)  # its last token: at least 1
+    worker._feed.per_request_up_to = 48  # read the records, as for the throughput policy
     worker.queued = 5
     decode(worker, [0, 1, 2])
     [observation] = worker._policy.observations
@@ -424,6 +425,7 @@ def test_decode_steps_are_numbered_and_every_record_carries_the_number(worker) -
 
 
 def test_per_request_acceptance_comes_from_speculative_results_only(worker) -> None:
+    worker._feed.per_request_up_to = 48  # read the records, as for the throughput policy
     decode(worker, [0])  # speculative
     decode(worker, [0, 1])  # speculative (N = 2), launched before the first result
     decode(worker, [0, 1, 2])  # plain
@@ -441,6 +443,13 @@ def test_per_request_acceptance_comes_from_speculative_results_only(worker) -> N
 
 
 # --------------------------------------------------------------------------- the throughput policy
+
+
+def test_the_threshold_policy_is_not_handed_per_request_records(worker) -> None:
+    request_in(0, kv=120, max_new_tokens=50, output_len=10)
+    decode(worker, [0])
+    [observation] = worker._policy.observations
+    assert observation.kv_tokens == 120 and not observation.remaining
 
 
 def test_the_queue_and_the_remaining_tokens_reach_the_throughput_policy(worker) -> None:

@@ -59,14 +59,21 @@ def remaining_tokens(req) -> int:
     return max(1, limit - len(req.output_ids))
 
 
-def observe(batch, queued: int, acceptance: RequestAcceptance, step: int) -> StepObservation:
+def observe(batch, queued: int, acceptance: RequestAcceptance, step: int,
+            per_request_up_to: int = 1 << 30) -> StepObservation:
     """The policy's view of a decode ``batch`` (``kv_committed_len`` lags the device by at most
-    one verify: a few tokens per request)."""
+    one verify: a few tokens per request). The per-request records are read only for a batch of
+    at most ``per_request_up_to`` requests: above the speculative graphs (and for the threshold
+    policy, which reads none) the step is plain whatever they say."""
     reqs = batch.reqs
+    kv_tokens = sum(req.kv_committed_len for req in reqs)
+    if len(reqs) > per_request_up_to:
+        return StepObservation(batch_size=len(reqs), kv_tokens=kv_tokens, queued=queued,
+                               step=step)
     verifies, accepted = acceptance.of(reqs)
     return StepObservation(
         batch_size=len(reqs),
-        kv_tokens=sum(req.kv_committed_len for req in reqs),
+        kv_tokens=kv_tokens,
         queued=queued,
         verifies=verifies,
         accepted=accepted,
@@ -82,6 +89,8 @@ class PolicyFeed:
 
     def __init__(self, policy: DecodePolicy) -> None:
         self._learner = policy if isinstance(policy, ThroughputPolicy) else None
+        # Largest batch whose per-request records the policy can use (observe's limit).
+        self.per_request_up_to = 0 if self._learner is None else policy.max_speculative_batch
 
     def verified(self, step: int, correct_drafts_per_req: Sequence[int]) -> None:
         if self._learner is not None:

@@ -108,7 +108,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             return super().forward_batch_generation(batch, on_publish, grammar_barrier)
 
         self._decode_step += 1
-        observation = observe(batch, self.queued, self.request_acceptance, self._decode_step)
+        observation = observe(batch, self.queued, self.request_acceptance, self._decode_step,
+                              self._feed.per_request_up_to)
         mode = self._decide(observation)
         result = self._decode(mode, batch, on_publish, grammar_barrier)
         self._last_step_plain = mode is DecodeMode.PLAIN

@@ -74,6 +74,7 @@ class TracedFeed:
 
     def __init__(self, feed, trace: StepTrace) -> None:
         self.feed, self._trace = feed, trace
+        self.per_request_up_to = feed.per_request_up_to
 
     def verified(self, step: int, correct_drafts_per_req: Sequence[int]) -> None:
         self.feed.verified(step, correct_drafts_per_req)
