@@ -32,13 +32,16 @@ logger = logging.getLogger("benchmark")
 
 RESULTS_FILE, SERVER_LOGS_FILE, DRIVER_LOG_FILE = "results.json", "server_logs_tail.txt", "bench_driver_tail.txt"
 TRACE_ENV = "SGLANG_DYNAMIC_EAGLE_TRACE"
+SIMULATE_ENV = "SGLANG_SIMULATE_ACC_LEN"  # sglang's simulated acceptance (speed benchmarks with dummy weights)
+MIX_FILE_ENV = "SGLANG_DE_TEST_ACCEPTANCE_MIX_FILE"  # test plugin (test/gpu/native_ops_plugin): per-request mixtures
+MIX_FILE = "acceptance_mix.txt"
 SHARED_GPU_MAX_TOTAL_TOKENS = 120_000  # held by three 8B-shaped servers on one H200 (shared/gpu/README.md)
 MIN_GROUP_WINDOW_S = 120.0  # no server group is started with less of the time budget left
 ERROR_TAIL_LINES = 30
 KV_TOKENS = re.compile(re.escape(server.KV_ALLOCATED) + r".*?#tokens: (\d+)")
 SKIPPED = "time budget spent"
 SETTINGS = ("configs", "schedule", "rounds", "warmup", "goodput_tpot_ms", "visible_special_tokens", "server_env",
-            "max_total_tokens", "seed", "bench_args", "time_budget_s")
+            "max_total_tokens", "seed", "bench_args", "time_budget_s", "acceptance")
 
 
 def run_order(names: tuple[str, ...], workload_index: int, round_index: int) -> list[str]:
@@ -103,16 +106,29 @@ def start_group(plan: argparse.Namespace, group: tuple[str, ...], document: dict
         raise
 
 
+def set_acceptance(plan: argparse.Namespace, workload: workloads.Workload | None) -> str | None:
+    """Write the simulated acceptance of the next run (the workload's ``~MIX``, else ``--acceptance``)
+    where the servers' test plugin reads it; a rename, so no server reads half a file."""
+    if plan.acceptance_file is None:
+        return None
+    mixture = (workload and workload.acceptance) or plan.acceptance
+    staging = plan.acceptance_file.with_name(plan.acceptance_file.name + ".new")
+    staging.write_text(mixture + "\n")
+    os.replace(staging, plan.acceptance_file)
+    return mixture
+
+
 def run_workload(plan: argparse.Namespace, client: bench.BenchClient, running: server.RunningServer,
                  workload: workloads.Workload, index: int, round_index: int, deadline: float) -> dict:
     """Every segment of a workload against one server: the run record (metrics over all requests;
     EAGLE3_DYNAMIC's counters from after bench_serving's first warm-up request to the end)."""
     record = {"config": running.config, "workload": workload.name, "round": round_index, "status": results.RUN_OK,
-              "error": None, "started_at": time.time(), "metrics": {}, "segments": [], "mode_counters": None}
+              "error": None, "started_at": time.time(), "metrics": {}, "segments": [], "mode_counters": None,
+              "acceptance": set_acceptance(plan, workload)}
     before = None
     for number, segment in enumerate(workload.segments):
         if segment.prompts:
-            output_file = plan.scratch / f"{running.config}_{workload.name}_{round_index}_{number}.jsonl"
+            output_file = plan.scratch / f"{running.config}_{results.file_safe(workload.name)}_{round_index}_{number}.jsonl"
             timeout_s = min(plan.bench_timeout_s, deadline - time.monotonic())
             reply = {"ok": False, "error": SKIPPED} if timeout_s <= 0 else client.run(
                 bench.segment_flags(segment, plan.tokenizer, plan.host, plan.port + plan.names.index(running.config),
@@ -232,6 +248,18 @@ def build_plan(args: argparse.Namespace) -> argparse.Namespace:
     plan.out_dir = Path(args.out).resolve()
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     plan.server_env = configs.parse_env_assignments(args.server_env)
+    plan.acceptance_file = None
+    if args.acceptance or any(w.acceptance for w in plan.workloads):
+        # A mixture per workload: the test plugin reads it from a file that the driver rewrites
+        # before each run. Workloads without ~MIX get --acceptance, else sglang's simulated length.
+        default = args.acceptance or plan.server_env.get(SIMULATE_ENV)
+        if default is None:
+            raise ValueError(f"a workload with ~MIX needs --acceptance MIX or --server-env {SIMULATE_ENV}=X "
+                             "for the workloads without one")
+        plan.acceptance = workloads.acceptance_mixture(default.replace(",", "/"), "--acceptance")
+        plan.acceptance_file = plan.out_dir / MIX_FILE
+        plan.server_env = {SIMULATE_ENV: "1", **plan.server_env, MIX_FILE_ENV: str(plan.acceptance_file)}
+        set_acceptance(plan, None)
     plan.setup = configs.server_setup(args, plan.out_dir)
     plan.tokenizer = args.tokenizer or args.model_path
     plan.bench_args = tuple(shlex.split(args.bench_args))
@@ -258,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--goodput-tpot-ms", dict(type=float, default=50.0, help="goodput: requests with TPOT at most this")),
         ("--max-total-tokens", dict(type=int, help=f"KV cap (default {SHARED_GPU_MAX_TOTAL_TOKENS} when shared)")),
         ("--visible-special-tokens", dict(action="store_true", help="requests with skip_special_tokens=False")),
+        ("--acceptance", dict(help="simulated acceptance MIX of workloads without ~MIX (needs the test plugin; README)")),
         ("--bench-args", dict(default="", help="extra sglang.bench_serving flags for every run")),
         ("--seed", dict(type=int, default=1)),
         ("--bench-timeout-s", dict(type=float, default=300.0, help="longest bench_serving run (default 300)")),

@@ -5,6 +5,7 @@ that accepts only the root, as a dummy model's verify does)."""
 
 import functools
 import inspect
+import os
 import pkgutil
 import random
 import subprocess
@@ -23,6 +24,7 @@ from plugin_modules import PLUGIN_DIR, load_plugin_module, plugin_path
 MODULE = "sglang_de_acceptance_mix"
 MIX_ENV = "SGLANG_DE_TEST_ACCEPTANCE_MIX"
 SCHEDULE_ENV = "SGLANG_DE_TEST_ACCEPTANCE_MIX_SCHEDULE"
+FILE_ENV = "SGLANG_DE_TEST_ACCEPTANCE_MIX_FILE"
 SIM_ENV = "SGLANG_SIMULATE_ACC_LEN"
 
 
@@ -113,7 +115,7 @@ def test_schedule_from_env(plugin) -> None:
     lone = plugin.schedule_from_env({MIX_ENV: "1.3:0.5,4.0:0.5"})
     assert lone.starts == (0.0,) and lone.mixtures[0].means == (1.3, 4.0)
     assert plugin.schedule_from_env({SCHEDULE_ENV: "0=2;10=3"}).starts == (0.0, 10.0)
-    with pytest.raises(plugin.AcceptanceMixError, match="both set"):
+    with pytest.raises(plugin.AcceptanceMixError, match="are set; set one"):
         plugin.schedule_from_env({MIX_ENV: "2", SCHEDULE_ENV: "0=2"})
 
 
@@ -174,6 +176,61 @@ def test_register_adds_both_around_hooks_once(plugin, clean_hook_registry) -> No
         ours = [(t, h) for t, h, _ in HookRegistry._hooks[target] if h is hook]
         assert ours == [(HookType.AROUND, hook)]
     assert plugin._MIX.schedule.mixtures[0].means == (1.3, 4.0)
+
+
+def write_atomically(path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def test_a_mixture_file_is_read_again_when_it_changes(plugin, tmp_path) -> None:
+    path = tmp_path / "acceptance"
+    write_atomically(path, "3.0\n")
+    mix = plugin.AcceptanceMix(None, mixture_file=plugin.MixtureFile(str(path)))
+    reqs = [request(p) for p in random_prompts(2000, seed=9)]
+    assert set(mix.means_for(reqs).tolist()) == {3.0}
+    write_atomically(path, "1.3:0.5,4.0:0.5")
+    os.utime(path, ns=(1, 1))  # a new modification time even on a coarse clock
+    means = mix.means_for(reqs)
+    assert set(means.tolist()) == {1.3, 4.0}
+    assert float(np.mean(means == 4.0)) == pytest.approx(0.5, abs=0.04)
+    write_atomically(path, "1.6")
+    os.utime(path, ns=(2, 2))
+    assert set(mix.means_for(reqs).tolist()) == {1.6}
+
+
+def test_a_bad_mixture_file_refuses_at_start_and_keeps_the_last_mixture_later(
+        plugin, tmp_path, clean_hook_registry, caplog) -> None:
+    path = tmp_path / "acceptance"
+    for content in (None, "0.5", "1.3:0.5,4.0"):
+        if content is not None:
+            write_atomically(path, content)
+        with pytest.raises(SystemExit) as stop:
+            plugin.register({FILE_ENV: str(path), SIM_ENV: "3"})
+        message = str(stop.value.code)
+        assert message.startswith("error: " + FILE_ENV) and "\n" not in message
+    assert plugin._MIX is None
+    write_atomically(path, "2.0")
+    mix = plugin.AcceptanceMix(None, mixture_file=plugin.MixtureFile(str(path)))
+    write_atomically(path, "not a mixture")
+    os.utime(path, ns=(3, 3))
+    assert set(mix.means_for([request([1, 2, 3])]).tolist()) == {2.0}
+    assert any("keeping mixture 2" in r.getMessage() for r in caplog.records)
+    path.unlink()
+    assert set(mix.means_for([request([1, 2, 3])]).tolist()) == {2.0}
+
+
+def test_only_one_way_to_give_the_mixture(plugin, tmp_path) -> None:
+    with pytest.raises(plugin.AcceptanceMixError, match=f"{MIX_ENV} and {FILE_ENV} are set"):
+        plugin.schedule_from_env({MIX_ENV: "2", FILE_ENV: str(tmp_path / "x")})
+
+
+def test_register_with_a_mixture_file(plugin, tmp_path, clean_hook_registry) -> None:
+    path = tmp_path / "acceptance"
+    write_atomically(path, "1.3:0.5,4.0:0.5")
+    plugin.register({FILE_ENV: str(path), SIM_ENV: "3.0"})
+    assert plugin._MIX.schedule is None and plugin._MIX.mixture_now().means == (1.3, 4.0)
 
 
 # ------------------------------------------------------- classes by prompt

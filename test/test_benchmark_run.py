@@ -95,6 +95,22 @@ def test_interleaved_end_to_end(fakes):
     assert (fakes / "again" / "report.md").read_text() == text
 
 
+def test_a_workloads_acceptance_is_what_the_servers_read_during_its_runs(fakes, monkeypatch):
+    out = fakes / "out"
+    monkeypatch.setenv("FAKE_MIX_FILE", str(out / run.MIX_FILE))
+    assert main(out, "--workload", "closed-2,closed-2~1.3:0.5/4.0:0.5,closed-4~1.6", "--configs", "plain,dynamic",
+                "--server-env", "SGLANG_SIMULATE_ACC_LEN=3.0") == 0, [(c, v["status"], v["error"]) for c, v in json.loads((out / "results.json").read_text())["configs"].items()] + [(r["workload"], r["status"], r["error"]) for r in json.loads((out / "results.json").read_text())["runs"]]
+    document = json.loads((out / "results.json").read_text())
+    env = document["configs"]["dynamic"]["server_env"]
+    assert env[run.MIX_FILE_ENV] == str(out.resolve() / run.MIX_FILE) and env["SGLANG_SIMULATE_ACC_LEN"] == "3.0"
+    seen = [(r["flags"][r["flags"].index("--num-prompts") + 1], r["mix"]) for r in driver_requests(fakes)]
+    assert seen == [("32", "3.0")] * 2 + [("4", "3.0")] * 2 + [("4", "1.3:0.5,4.0:0.5")] * 2 + [("8", "1.6")] * 2
+    assert [(r["workload"], r["acceptance"]) for r in document["runs"]][::2] == [
+        ("closed-2", "3.0"), ("closed-2~1.3:0.5/4.0:0.5", "1.3:0.5,4.0:0.5"), ("closed-4~1.6", "1.6")]
+    with pytest.raises(SystemExit, match="needs --acceptance MIX or --server-env"):
+        main(fakes / "other", "--workload", "closed-2~1.6")
+
+
 def test_sequential_serves_one_configuration_at_a_time_with_its_own_memory_flags(fakes):
     out = fakes / "out"
     assert main(out, "--configs", "plain,dynamic", "--schedule", "sequential", "--workload", "closed-2,closed-4",

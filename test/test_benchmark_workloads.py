@@ -73,3 +73,14 @@ def test_malformed_names_are_refused(name):
 def test_expected_duration_counts_arrivals_idle_and_per_run_overhead():
     assert one("poisson-10", traffic_s=20).expected_s() == pytest.approx(20 + workloads.SEGMENT_OVERHEAD_S)
     assert one("load-step", idle_s=5).expected_s() == pytest.approx(15 + 2 * workloads.SEGMENT_OVERHEAD_S + 5)
+
+
+def test_a_workload_can_carry_its_simulated_acceptance():
+    mixed = one("poisson-6@10~1.3:0.5/4.0:0.5")
+    assert mixed.name == "poisson-6@10~1.3:0.5/4.0:0.5" and mixed.acceptance == "1.3:0.5,4.0:0.5"
+    assert mixed.segments == one("poisson-6@10").segments and one("poisson-6@10").acceptance is None
+    assert [w.name for w in workloads.workload("long-context~1.6")] == [
+        "long-1~1.6", "long-8~1.6", "long-32~1.6"]
+    for bad in ("closed-2~", "closed-2~0.5", "closed-2~1.3:0.5/4.0", "closed-2~2:0.5/3:0.4", "closed-2~x"):
+        with pytest.raises(ValueError, match="workload"):
+            workloads.workload(bad)

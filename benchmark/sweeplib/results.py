@@ -86,6 +86,11 @@ def successful_runs(document: dict) -> list[dict]:
     return [run for run in document["runs"] if run["status"] == RUN_OK]
 
 
+def file_safe(name: str) -> str:
+    """A workload name as part of a file name (``poisson-6@10~1.3:0.5/4.0:0.5``: no ``/``)."""
+    return re.sub(r"[^\w.-]", "_", name)
+
+
 def split_trace(trace: Path, runs: list[dict], out_dir: Path, prefix: str) -> None:
     """Write the lines of a decode-step trace (``SGLANG_DYNAMIC_EAGLE_TRACE``) from the time windows
     of each workload's runs to ``<prefix><workload>.jsonl``, and give each run ``trace``: the file,
@@ -110,7 +115,7 @@ def split_trace(trace: Path, runs: list[dict], out_dir: Path, prefix: str) -> No
             chosen[name].append(text)
             if line.get("k") == "step":
                 modes[name][str(line.get("mode"))] = modes[name].get(str(line.get("mode")), 0) + 1
-    files = {name: prefix + re.sub(r"[^\w.-]", "_", name) + ".jsonl" for name in chosen}
+    files = {name: prefix + file_safe(name) + ".jsonl" for name in chosen}
     for name, kept in chosen.items():
         (out_dir / files[name]).write_text("".join(text + "\n" for text in kept))
     for run in (run for run in runs if run.get("started_at")):

@@ -34,6 +34,7 @@ class Segment:
 class Workload:
     name: str
     segments: tuple[Segment, ...]
+    acceptance: str | None = None  # NAME~MIX: simulated acceptance for this workload (test plugin syntax)
 
     def expected_s(self) -> float:
         return sum(segment.expected_s() for segment in self.segments)
@@ -61,8 +62,26 @@ def _number(text: str, name: str, kind=int):
     return value
 
 
+def acceptance_mixture(text: str, name: str) -> str:
+    """``MEAN[:WEIGHT][/MEAN:WEIGHT...]`` (``/`` between classes: ``,`` separates workloads) as the
+    test plugin's ``MEAN:WEIGHT,...``; checked here so that a typo fails before any server starts."""
+    classes = [term.split(":") for term in text.split("/")]
+    if not text or any(len(c) > 2 or (len(c) == 1 and len(classes) > 1) for c in classes):
+        raise ValueError(f"workload {name!r}: acceptance {text!r} is not MEAN or MEAN:WEIGHT/MEAN:WEIGHT...")
+    means = [_number(c[0], name, float) for c in classes]
+    weights = [_number(c[1], name, float) if len(c) == 2 else 1.0 for c in classes]
+    if min(means) < 1 or abs(sum(weights) - 1) > 0.01:
+        raise ValueError(f"workload {name!r}: acceptance means must be >= 1 (tokens per verify) and weights sum to 1")
+    return ",".join(":".join(c) for c in classes)
+
+
 def workload(name: str, options: Options = Options()) -> list[Workload]:
-    """The workload(s) a name stands for (``long-context`` is three)."""
+    """The workload(s) a name stands for (``long-context`` is three); ``NAME~MIX`` runs NAME with the
+    simulated acceptance MIX (each result keeps the whole name)."""
+    if "~" in name:
+        base, _, mix = name.partition("~")
+        acceptance = acceptance_mixture(mix, name)
+        return [Workload(f"{w.name}~{mix}", w.segments, acceptance) for w in workload(base, options)]
     kind, _, parameter = name.partition("-")
     if name == "long-context":
         return [w for c in LONG_CONCURRENCIES for w in workload(f"long-{c}", options)]
@@ -88,7 +107,7 @@ def workload(name: str, options: Options = Options()) -> list[Workload]:
         segments = (Segment(1024, 64, 32, concurrency=32, range_ratio=0.25),)
     else:
         raise ValueError(f"unknown workload {name!r}; known: closed-C[@INxOUT], poisson-R[@S], burst[-N], "
-                         "load-step, long-C, long-context, warmup")
+                         "load-step, long-C, long-context, warmup, each optionally ~MIX")
     return [Workload(name, segments)]
 
 

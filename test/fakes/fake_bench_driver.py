@@ -26,8 +26,12 @@ def main() -> None:
         request = json.loads(text)
         flags = request["flags"]
         if os.environ.get("FAKE_DRIVER_LOG"):
+            mix_file = os.environ.get("FAKE_MIX_FILE")  # what a server's acceptance plugin would read now
+            if mix_file:
+                with open(mix_file) as mix:
+                    request["mix"] = mix.read().strip()
             with open(os.environ["FAKE_DRIVER_LOG"], "a") as log:
-                log.write(text)
+                log.write(json.dumps(request) + "\n")
         base = f"http://{flag(flags, '--host')}:{flag(flags, '--port')}"
         info = json.loads(urllib.request.urlopen(base + "/server_info", timeout=10).read())  # after the warm-up
         body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 2}}).encode()

@@ -13,8 +13,15 @@ lone ``MEAN`` means ``MEAN:1``. Or, for a mixture that shifts over time,
     SGLANG_DE_TEST_ACCEPTANCE_MIX_SCHEDULE=0=1.3:0.5,4.0:0.5;30=1.3:0.9,4.0:0.1
 
 ``START=MIX`` segments separated by ``;``: from START seconds after the server's first verify
-(the first START must be 0, the others strictly increasing) the mixture MIX applies. Set one of
-the two variables, not both. Either needs ``SGLANG_SIMULATE_ACC_LEN`` set to a number > 0 as
+(the first START must be 0, the others strictly increasing) the mixture MIX applies. Or, for a
+mixture that a benchmark driver sets per workload,
+
+    SGLANG_DE_TEST_ACCEPTANCE_MIX_FILE=/path/to/file
+
+whose content is a MIX, read at start and again whenever the file's modification time or size
+changes (one ``os.stat`` per verify; write it atomically, by renaming a new file over it). A bad
+content stops the server at start; later it is logged and the previous mixture kept. Set one of
+the three variables, not more. Either needs ``SGLANG_SIMULATE_ACC_LEN`` set to a number > 0 as
 well (any value; the mixture replaces it): sglang builds a simulated accept index only then
 (``eagle_utils.eagle_sample`` reads ``spec_utils.SIMULATE_ACC_LEN``, fixed from the environment
 when ``spec_utils`` is imported). ``SGLANG_SIMULATE_ACC_METHOD``, if set, must be
@@ -80,6 +87,7 @@ logger = logging.getLogger(__name__)
 
 MIX_ENV = "SGLANG_DE_TEST_ACCEPTANCE_MIX"
 SCHEDULE_ENV = "SGLANG_DE_TEST_ACCEPTANCE_MIX_SCHEDULE"
+FILE_ENV = "SGLANG_DE_TEST_ACCEPTANCE_MIX_FILE"
 SIMULATE_LEN_ENV = "SGLANG_SIMULATE_ACC_LEN"
 SIMULATE_METHOD_ENV = "SGLANG_SIMULATE_ACC_METHOD"
 SIMULATE_TOKEN_MODE_ENV = "SGLANG_SIMULATE_ACC_TOKEN_MODE"
@@ -194,18 +202,59 @@ def parse_schedule(text: str, env: str = SCHEDULE_ENV) -> Schedule:
     return Schedule(tuple(starts), tuple(mixtures))
 
 
+class MixtureFile:
+    """A mixture read from a file, read again when the file's modification time or size changes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp = self._stat()
+        self.mixture = self._read()
+
+    def _stat(self) -> Tuple[int, int]:
+        try:
+            status = os.stat(self.path)
+        except OSError as error:
+            raise AcceptanceMixError(f"{FILE_ENV}: cannot read {self.path!r}: {error.strerror}") from None
+        return status.st_mtime_ns, status.st_size
+
+    def _read(self) -> Mixture:
+        try:
+            with open(self.path) as handle:
+                text = handle.read()
+        except OSError as error:
+            raise AcceptanceMixError(f"{FILE_ENV}: cannot read {self.path!r}: {error.strerror}") from None
+        return parse_mixture(text.strip(), f"{FILE_ENV} ({self.path})")
+
+    def current(self) -> Mixture:
+        """The file's mixture; a file that vanished or holds a bad mixture keeps the last good one."""
+        try:
+            stamp = self._stat()
+            if stamp != self._stamp:
+                self._stamp = stamp
+                self.mixture = self._read()
+        except AcceptanceMixError as error:
+            logger.error("%s; keeping mixture %s (test only)", error, self.mixture.describe())
+        return self.mixture
+
+
 def schedule_from_env(environ: Mapping[str, str]) -> Optional[Schedule]:
-    """The configured schedule (a lone mixture is a one-segment schedule), None when off."""
-    mix, schedule = environ.get(MIX_ENV), environ.get(SCHEDULE_ENV)
-    if mix is None and schedule is None:
-        return None
-    if mix is not None and schedule is not None:
+    """The configured schedule (a lone mixture is a one-segment schedule), None when off or when
+    the mixture comes from a file (``mixture_file_from_env``)."""
+    given = [env for env in (MIX_ENV, SCHEDULE_ENV, FILE_ENV) if environ.get(env) is not None]
+    if len(given) > 1:
         raise AcceptanceMixError(
-            f"{MIX_ENV} and {SCHEDULE_ENV} are both set; set one "
-            f"(a schedule's segment '0=MIX' is the lone mixture MIX)")
+            f"{' and '.join(given)} are set; set one (a schedule's segment '0=MIX' is the lone mixture MIX)")
+    mix, schedule = environ.get(MIX_ENV), environ.get(SCHEDULE_ENV)
     if schedule is not None:
         return parse_schedule(schedule)
-    return Schedule((0.0,), (parse_mixture(mix),))
+    if mix is not None:
+        return Schedule((0.0,), (parse_mixture(mix),))
+    return None
+
+
+def mixture_file_from_env(environ: Mapping[str, str]) -> Optional[MixtureFile]:
+    path = environ.get(FILE_ENV)
+    return None if path is None else MixtureFile(path)
 
 
 def check_simulation_env(environ: Mapping[str, str], configured_by: str) -> None:
@@ -300,9 +349,13 @@ def simulated_accept_index(
 class AcceptanceMix:
     """The configured schedule, its clock (seconds since the first verify) and its generator."""
 
-    def __init__(self, schedule: Schedule, clock: Callable[[], float] = time.monotonic,
-                 seed: int = SEED) -> None:
+    def __init__(self, schedule: Optional[Schedule], clock: Callable[[], float] = time.monotonic,
+                 seed: int = SEED, mixture_file: Optional[MixtureFile] = None) -> None:
+        if (schedule is None) == (mixture_file is None):
+            raise ValueError("give a schedule or a mixture file")
         self.schedule = schedule
+        self.mixture_file = mixture_file
+        self._described: Optional[str] = None
         self._clock = clock
         self._rng = np.random.default_rng(seed)
         self._first_verify: Optional[float] = None
@@ -316,6 +369,13 @@ class AcceptanceMix:
         return now - self._first_verify
 
     def mixture_now(self) -> Mixture:
+        if self.mixture_file is not None:
+            mixture = self.mixture_file.current()
+            if mixture.describe() != self._described:
+                self._described = mixture.describe()
+                logger.warning("%s: mixture %s (mean %.3f tokens per verify) (test only)", FILE_ENV,
+                               self._described, mixture.expected_length)
+            return mixture
         elapsed = self.elapsed_s()
         segment = self.schedule.segment_at(elapsed)
         mixture = self.schedule.mixtures[segment]
@@ -348,8 +408,8 @@ _ROW_MEANS: contextvars.ContextVar[Optional[np.ndarray]] = contextvars.ContextVa
 _checked_tp = False
 
 
-def _configured_by() -> str:
-    return SCHEDULE_ENV if SCHEDULE_ENV in os.environ else MIX_ENV
+def _configured_by(environ: Mapping[str, str] = os.environ) -> str:
+    return next((env for env in (SCHEDULE_ENV, FILE_ENV) if env in environ), MIX_ENV)
 
 
 def _check_tensor_parallel(mix: AcceptanceMix) -> None:
@@ -357,13 +417,14 @@ def _check_tensor_parallel(mix: AcceptanceMix) -> None:
     if _checked_tp:
         return
     _checked_tp = True
-    if len(mix.schedule.starts) < 2 or not torch.distributed.is_initialized():
+    if (mix.schedule is not None and len(mix.schedule.starts) < 2) or not torch.distributed.is_initialized():
         return
     from sglang.srt.distributed import get_tp_group
 
     if get_tp_group().world_size > 1:
-        raise RuntimeError(f"{SCHEDULE_ENV} with several mixtures needs tensor parallelism 1: each "
-                           "rank keeps its own clock and ranks could disagree on the mixture")
+        raise RuntimeError(f"{_configured_by()} with several mixtures needs tensor parallelism 1: each "
+                           "rank keeps its own clock (or reads the file at its own step) and ranks could "
+                           "disagree on the mixture")
 
 
 def around_eagle_sample(original, verify_input, batch, *args, **kwargs):
@@ -427,9 +488,10 @@ def register(environ: Optional[Mapping[str, str]] = None,
     environ = os.environ if environ is None else environ
     try:
         schedule = schedule_from_env(environ)
-        if schedule is None:
+        mixture_file = mixture_file_from_env(environ)
+        if schedule is None and mixture_file is None:
             return
-        configured_by = SCHEDULE_ENV if SCHEDULE_ENV in environ else MIX_ENV
+        configured_by = _configured_by(environ)
         check_simulation_env(environ, configured_by)
     except AcceptanceMixError as error:
         # load_plugins() logs and swallows an Exception from a plugin, and the server would run
@@ -439,11 +501,11 @@ def register(environ: Optional[Mapping[str, str]] = None,
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    _MIX = AcceptanceMix(schedule, clock=clock)
+    _MIX = AcceptanceMix(schedule, clock=clock, mixture_file=mixture_file)
     for target, hook in HOOKS:
         HookRegistry.register(target, hook, HookType.AROUND)
     logger.warning("%s=%s: simulated acceptance differs by request (classes by prompt hash; "
                    "expected %.3f tokens per verify at first; %s=%s is replaced; outputs are not "
                    "the model's; speed benchmarks only) (test only)", configured_by,
-                   environ[configured_by], schedule.mixtures[0].expected_length,
+                   environ[configured_by], (schedule.mixtures[0] if schedule else mixture_file.mixture).expected_length,
                    SIMULATE_LEN_ENV, environ[SIMULATE_LEN_ENV])
