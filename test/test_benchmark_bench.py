@@ -39,6 +39,13 @@ def test_request_stats_rebuild_each_requests_ttft_tpot_and_latency():
     assert "ttfts" not in bench.raw_row(line) and bench.raw_row(line)["duration"] == 10.0
 
 
+def test_a_request_answered_without_a_streamed_token_is_not_ok():
+    """A prompt over the model's context length: bench_serving counts it completed, with TTFT 0
+    and no inter-token latencies (seen on the GPU machine, 2026-12-04)."""
+    line = {"errors": ["", ""], "output_lens": [256, 256], "ttfts": [0.0, 0.05], "itls": [[], [0.01] * 255]}
+    assert bench.request_stats(line)["ok"] == [False, True]
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_percentiles_are_numpys_as_bench_serving_computes_them(seed):
     rng = random.Random(seed)

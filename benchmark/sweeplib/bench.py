@@ -95,7 +95,9 @@ def request_stats(line: dict) -> dict:
     for error, tokens, ttft, itls in zip(errors, line.get("output_lens") or [], line.get("ttfts") or [],
                                          line.get("itls") or []):
         decode_s = sum(itls)
-        stats["ok"].append(not error)
+        # A request answered without a streamed token (a prompt over the context length, say)
+        # has TTFT 0 and no ITLs, though bench_serving counts it completed with its asked length.
+        stats["ok"].append(not error and (ttft > 0 or bool(itls)))
         stats["output_len"].append(tokens)
         stats["ttft_s"].append(round(ttft, 6))
         stats["tpot_s"].append(round(decode_s / (tokens - 1), 6) if tokens > 1 else None)
