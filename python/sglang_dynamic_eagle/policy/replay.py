@@ -24,7 +24,7 @@ rate.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -127,6 +127,14 @@ class World:
 
     def catchup_ms(self, tokens: int) -> float:
         return self.catchup_fixed_ms + self.catchup_per_token_ms * tokens if tokens > 0 else 0.0
+
+    def part(self, first: int, end: int) -> "World":
+        """Steps ``[first, end)``, costed by the fit of the whole trace (a load of a few hundred
+        steps may hold too few steps of one mode to fit it)."""
+        cut = slice(first, end)
+        return replace(self, batch=self.batch[cut], kv_tokens=self.kv_tokens[cut],
+                       queued=self.queued[cut], plain_ms=self.plain_ms[cut],
+                       spec_ms=self.spec_ms[cut], spec_tokens=self.spec_tokens[cut])
 
     @classmethod
     def from_trace(cls, steps: Sequence[TraceStep], buckets: Sequence[int],

@@ -46,6 +46,13 @@ GLOBAL_FIT_MEMORY_SAMPLES = 2048
 # PRIOR_KV_SPREAD_TOKENS apart at the same batch size.
 PRIOR_SLOPE_SAMPLES = 64.0
 PRIOR_KV_SPREAD_TOKENS = 16384.0
+# Weight of the per-request cost's prior (0: the replay already holds the padded batch's GPU
+# work), in samples: as much as 4 steps spread 16 requests apart (two graph buckets at mid
+# sizes). Steps at a handful of nearby batch sizes cannot move it far: a slope read from 16
+# plain steps at 1-8 requests (host jitter of a millisecond) once predicted 15 ms for a plain
+# step at 72 requests that took 8 ms.
+PRIOR_PER_REQUEST_SAMPLES = 4.0
+PRIOR_BATCH_SPREAD = 16.0
 # A timed step this many times its prediction is a stall, not a cost, unless STALL_RUN come in a
 # row at one bucket (then the prediction was wrong: a bucket the replay could not time).
 STALL_FACTOR = 4.0
@@ -198,9 +205,10 @@ class ModeCost:
 
     def _refit(self) -> None:
         # Ridge priors: the KV slope at its physical prior (weight as PRIOR_SLOPE_SAMPLES steps
-        # spread PRIOR_KV_SPREAD_TOKENS apart); a tiny pull of the per-request cost to 0 keeps
-        # the system solvable while every step so far had one batch size.
-        prior = [0.0, 1e-6, PRIOR_SLOPE_SAMPLES * PRIOR_KV_SPREAD_TOKENS**2]
+        # spread PRIOR_KV_SPREAD_TOKENS apart), the per-request cost at 0 (weight as
+        # PRIOR_PER_REQUEST_SAMPLES steps spread PRIOR_BATCH_SPREAD apart).
+        prior = [0.0, PRIOR_PER_REQUEST_SAMPLES * PRIOR_BATCH_SPREAD**2,
+                 PRIOR_SLOPE_SAMPLES * PRIOR_KV_SPREAD_TOKENS**2]
         target = [0.0, 0.0, self.prior_per_kv_token_ms]
         a = [[self._xx[i][j] + (prior[i] if i == j else 0.0) for j in range(3)] for i in range(3)]
         y = [self._xy[i] + prior[i] * target[i] for i in range(3)]
