@@ -174,8 +174,13 @@ def report_beside(path: Path) -> Path:
 
 
 def test_committed_results_of_every_format_are_found():
-    counts = {kind: len(committed(kind)) for kind in ("sweep", "interleaved", "paired")}
-    assert counts["sweep"] >= 30 and counts["interleaved"] >= 15 and counts["paired"] >= 1
+    counts = {kind: len(committed(kind)) for kind in ("sweep", "interleaved", "paired", "run")}
+    assert counts["sweep"] >= 30 and counts["interleaved"] >= 15 and counts["paired"] >= 1 and counts["run"] >= 2
+
+
+@pytest.mark.parametrize("path", committed("run"), ids=lambda p: str(p.relative_to(RESULTS)))
+def test_committed_reports_of_the_driver_regenerate_whole(path):
+    assert report.render_markdown(results.load_results(path)) == report_beside(path).read_text()
 
 
 @pytest.mark.parametrize("path", committed("sweep"), ids=lambda p: str(p.relative_to(RESULTS)))
