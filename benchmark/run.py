@@ -1,15 +1,7 @@
 #!/usr/bin/env python3
-"""The serving benchmark: plain decoding, EAGLE3, adaptive EAGLE3 and EAGLE3_DYNAMIC on named workloads.
-
-    python benchmark/run.py run --model-path M --draft-model-path D --workload poisson-4,load-step --out DIR
-    python benchmark/run.py report --inputs DIR/results.json --out DIR
-
-`run` serves the configurations (`--schedule interleaved`: all up at once, equal KV pools, each
-workload against each server in turn, the order rotating per workload and flipping every round;
-`paired`: the same for two; `sequential`: one server after another), drives them with
-sglang.bench_serving, writes results.json and report.md; `report` writes reports of saved results
-again (every format in benchmark/results/). See benchmark/README.md.
-"""
+"""The serving benchmark: plain decoding, EAGLE3, adaptive EAGLE3 and EAGLE3_DYNAMIC on named
+workloads (`run`: serve, drive with sglang.bench_serving, write results.json and report.md;
+`report`: the report of saved results again). See benchmark/README.md."""
 
 from __future__ import annotations
 
@@ -107,15 +99,12 @@ def start_group(plan: argparse.Namespace, group: tuple[str, ...], document: dict
 
 
 def set_acceptance(plan: argparse.Namespace, workload: workloads.Workload | None) -> str | None:
-    """Write the simulated acceptance of the next run (the workload's ``~MIX``, else ``--acceptance``)
-    where the servers' test plugin reads it; a rename, so no server reads half a file."""
-    if plan.acceptance_file is None:
-        return None
-    mixture = (workload and workload.acceptance) or plan.acceptance
-    staging = plan.acceptance_file.with_name(plan.acceptance_file.name + ".new")
-    staging.write_text(mixture + "\n")
-    os.replace(staging, plan.acceptance_file)
-    return mixture
+    """Write the next run's simulated acceptance (the workload's ``~MIX``, else ``--acceptance``)
+    where the servers' test plugin reads it."""
+    mixture = plan.acceptance_file and ((workload and workload.acceptance) or plan.acceptance)
+    if mixture:
+        results.write_atomically(plan.acceptance_file, mixture + "\n")
+    return mixture or None
 
 
 def run_workload(plan: argparse.Namespace, client: bench.BenchClient, running: server.RunningServer,
@@ -249,13 +238,10 @@ def build_plan(args: argparse.Namespace) -> argparse.Namespace:
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     plan.server_env = configs.parse_env_assignments(args.server_env)
     plan.acceptance_file = None
-    if args.acceptance or any(w.acceptance for w in plan.workloads):
-        # A mixture per workload: the test plugin reads it from a file that the driver rewrites
-        # before each run. Workloads without ~MIX get --acceptance, else sglang's simulated length.
+    if args.acceptance or any(w.acceptance for w in plan.workloads):  # the test plugin reads a file
         default = args.acceptance or plan.server_env.get(SIMULATE_ENV)
         if default is None:
-            raise ValueError(f"a workload with ~MIX needs --acceptance MIX or --server-env {SIMULATE_ENV}=X "
-                             "for the workloads without one")
+            raise ValueError(f"a workload with ~MIX needs --acceptance MIX or --server-env {SIMULATE_ENV}=X")
         plan.acceptance = workloads.acceptance_mixture(default.replace(",", "/"), "--acceptance")
         plan.acceptance_file = plan.out_dir / MIX_FILE
         plan.server_env = {SIMULATE_ENV: "1", **plan.server_env, MIX_FILE_ENV: str(plan.acceptance_file)}

@@ -1,16 +1,10 @@
 #!/usr/bin/env python3
-"""Run `python -m sglang.bench_serving FLAGS` once per line {"flags", "visible_special_tokens"} on stdin,
-in one process (importing bench_serving took about 25 s on the GPU machine), and answer each with
-one line {"ok", "error", "after_warmup"} on stdout (bench_serving prints to stderr).
-
-Its `--flush-cache` waits until the server is idle (sglang refuses a flush while a request is in the
-overlap scheduler's last batch, failing the run), then freezes the server's GC (`/freeze_gc`: a
-collection over the start-up heap took 540-600 ms in some runs, 2026-12-03) and reads
-`/server_info` ("after_warmup"). `visible_special_tokens` gives every request
-skip_special_tokens=False, so that tokens without text (dummy weights, simulated acceptance) still
-stamp the first token: `--extra-request-body` cannot, since it replaces the whole `sampling_params`
-(`max_new_tokens` too) with one value for all requests of mixed lengths.
-"""
+"""Run `python -m sglang.bench_serving FLAGS` once per stdin line {"flags", "visible_special_tokens"}
+in one process (its import takes ~25 s on the GPU machine); answer each with a stdout line {"ok",
+"error", "after_warmup"}. `--flush-cache` waits until the server is idle, freezes its GC (a 540-600
+ms collection otherwise hit some runs) and reads `/server_info`. `visible_special_tokens`: every
+request with skip_special_tokens=False, so that tokens without text still stamp the first token
+(`--extra-request-body` would replace each request's own `max_new_tokens`); benchmark/README.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""Pair statistics: two configurations measured on the same prompts one right after the other,
-round after round (rounds of a workload in `run.py`; waves of the former paired.py's files).
-
-The GPU machine's host ran the same launches up to 1.6x slower for stretches of seconds (one H200,
-2026-12-03), moving one server's median TTFT at low concurrency by up to 50% from run to run; a
-ratio taken pair by pair cancels most of that. Per pair: the other configuration's median TTFT
-and output throughput over the first's; reported are their quartiles and their geometric mean
-with its 95% confidence interval (normal on the logarithms, pairs taken as independent).
-"""
+"""Pair statistics of two configurations run on the same prompts one right after the other (rounds
+in `run.py`; waves of the former paired.py's files): per pair the other's median TTFT and output
+throughput over the first's (cancelling most of the host's slow stretches); their quartiles and
+geometric mean with its 95% interval (normal on the logarithms, pairs independent)."""
 
 from __future__ import annotations
 

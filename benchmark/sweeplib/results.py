@@ -51,26 +51,23 @@ def new_results_document(command_line: list[str], settings: dict, git_commit: st
         sglang_version = importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
         sglang_version = None
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "sources": [{
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command_line": shown_paths(shlex.join(command_line)),
-            "gpu": first_output_line(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]),
-            "sglang_version": sglang_version,
-            "git_commit": git_commit or first_output_line(["git", "describe", "--always", "--dirty", "--abbrev=12"]),
-            "settings": settings,
-        }],
-        "configs": {},
-        "runs": [],
-    }
+    source = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command_line": shown_paths(shlex.join(command_line)),
+              "gpu": first_output_line(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]),
+              "sglang_version": sglang_version, "settings": settings,
+              "git_commit": git_commit or first_output_line(["git", "describe", "--always", "--dirty", "--abbrev=12"])}
+    return {"schema_version": SCHEMA_VERSION, "sources": [source], "configs": {}, "runs": []}
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A rename over the old file: a reader, or a run killed mid-write, never sees half of it."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def save_results(document: dict, path: Path) -> None:
-    """Write atomically, so a run killed mid-write leaves the previous complete file."""
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(document, indent=1) + "\n")
-    os.replace(temporary, path)
+    write_atomically(path, json.dumps(document, indent=1) + "\n")
 
 
 def load_results(path: Path) -> dict:
@@ -86,8 +83,7 @@ def successful_runs(document: dict) -> list[dict]:
     return [run for run in document["runs"] if run["status"] == RUN_OK]
 
 
-def file_safe(name: str) -> str:
-    """A workload name as part of a file name (``poisson-6@10~1.3:0.5/4.0:0.5``: no ``/``)."""
+def file_safe(name: str) -> str:  # a workload name in a file name (``~1.3:0.5/4.0:0.5``: no ``/``)
     return re.sub(r"[^\w.-]", "_", name)
 
 

@@ -63,15 +63,13 @@ def _number(text: str, name: str, kind=int):
 
 
 def acceptance_mixture(text: str, name: str) -> str:
-    """``MEAN[:WEIGHT][/MEAN:WEIGHT...]`` (``/`` between classes: ``,`` separates workloads) as the
-    test plugin's ``MEAN:WEIGHT,...``; checked here so that a typo fails before any server starts."""
+    """``MEAN`` or ``MEAN:WEIGHT/MEAN:WEIGHT...`` (``,`` separates workloads) as the test plugin's
+    ``MEAN:WEIGHT,...``, checked before any server starts."""
     classes = [term.split(":") for term in text.split("/")]
-    if not text or any(len(c) > 2 or (len(c) == 1 and len(classes) > 1) for c in classes):
-        raise ValueError(f"workload {name!r}: acceptance {text!r} is not MEAN or MEAN:WEIGHT/MEAN:WEIGHT...")
     means = [_number(c[0], name, float) for c in classes]
-    weights = [_number(c[1], name, float) if len(c) == 2 else 1.0 for c in classes]
-    if min(means) < 1 or abs(sum(weights) - 1) > 0.01:
-        raise ValueError(f"workload {name!r}: acceptance means must be >= 1 (tokens per verify) and weights sum to 1")
+    weights = [_number(c[-1], name, float) if len(c) == 2 else 1.0 for c in classes]
+    if any(len(c) != (1 if len(classes) == 1 else 2) for c in classes) or min(means) < 1 or abs(sum(weights) - 1) > .01:
+        raise ValueError(f"workload {name!r}: acceptance {text!r} is not MEAN (>= 1) or MEAN:WEIGHT/... (weights sum 1)")
     return ",".join(":".join(c) for c in classes)
 
 

@@ -3,13 +3,12 @@
 A trace is the sequence of decode steps a server ran: batch size, KV tokens, queue, the mode
 that ran, its measured time and (speculative steps) the tokens its verify yielded. The
 server writes one with ``SGLANG_DYNAMIC_EAGLE_TRACE=<file>`` (JSON lines, see
-``engine.trace``). A :class:`World` turns it into both modes' cost of every step: a least-squares
-fit over the whole trace of each mode's timed steps (a base per CUDA-graph bucket, a cost per
-request and per KV token; stalls left out), the same for the mode that ran and the one that
-did not, so that neither pays the other's noise; speculative tokens from the acceptance per
-request around the nearest verify, smoothed so that nobody is credited one step's luck. The batch sequence is taken as given (a replayed policy does not
-change which requests arrive when: an approximation that holds while modes change the
-sequence little, and is the same for the policy and the oracle).
+``observability.trace``). A :class:`World` turns it into both modes' cost of every step: the
+mode that ran costs what was measured; the other a least-squares fit over the whole trace of
+its mode's timed steps (a base per CUDA-graph bucket, a cost per request and per KV token;
+stalls left out); speculative tokens from the acceptance per request around the nearest
+verify, smoothed. The batch sequence is taken as given (a replayed policy does not change
+which requests arrive when: an approximation, the same for the policy and the oracle).
 
 :func:`simulate` runs a policy over a world (step times reach it ``feedback_lag`` steps late,
 as on a server). Each trace step stands for its batch's demand of one token per request: a
@@ -24,6 +23,7 @@ rate.
 from __future__ import annotations
 
 import json
+import lzma
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -45,15 +45,13 @@ class TraceStep:
     spec_tokens: Optional[float] = None  # tokens a verify yielded (speculative steps)
 
 
-def load_trace(path: Path) -> List[TraceStep]:
-    """A server's trace file: ``step`` lines, ``time`` and ``verify`` lines joined by step."""
+def load_trace(path: Path, text: Optional[str] = None) -> List[TraceStep]:
+    """A server's trace file (or its ``text``): ``step`` lines, ``time`` and ``verify`` lines
+    joined by step."""
     steps: Dict[int, dict] = {}
     times: Dict[int, float] = {}
     tokens: Dict[int, float] = {}
-    for line in Path(path).read_text().splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
+    for rec in (json.loads(line) for line in (text or Path(path).read_text()).splitlines() if line.strip()):
         kind = rec.get("k")
         if kind == "step":
             steps[rec["step"]] = rec
@@ -129,12 +127,10 @@ class World:
         return self.catchup_fixed_ms + self.catchup_per_token_ms * tokens if tokens > 0 else 0.0
 
     def part(self, first: int, end: int) -> "World":
-        """Steps ``[first, end)``, costed by the fit of the whole trace (a load of a few hundred
-        steps may hold too few steps of one mode to fit it)."""
-        cut = slice(first, end)
-        return replace(self, batch=self.batch[cut], kv_tokens=self.kv_tokens[cut],
-                       queued=self.queued[cut], plain_ms=self.plain_ms[cut],
-                       spec_ms=self.spec_ms[cut], spec_tokens=self.spec_tokens[cut])
+        """Steps ``[first, end)`` costed by the whole trace's fit (one load may hold too few
+        steps of a mode to fit it)."""
+        arrays = ("batch", "kv_tokens", "queued", "plain_ms", "spec_ms", "spec_tokens")
+        return replace(self, **{name: getattr(self, name)[first:end] for name in arrays})
 
     @classmethod
     def from_trace(cls, steps: Sequence[TraceStep], buckets: Sequence[int],
@@ -158,14 +154,11 @@ class World:
             return base[nearest] + per_request * s.batch + per_kv * s.kv_tokens
 
         def cost(mode: DecodeMode, s: TraceStep) -> float:
-            # The mode that ran costs what was measured (a stall, which either mode would have
-            # hit, costs the fit); the other mode costs the fit. One linear fit cannot hold
-            # every step: one 9k-token request's speculative step took 26 ms against 7.8 ms at
-            # 700 tokens, and a fit through both put 20 ms on the short one.
+            # The mode that ran costs what was measured (a stall costs the fit), the other the
+            # fit: no line holds every step (26 ms at 9k KV tokens, 7.8 ms at 700: a fit
+            # through both put 20 ms on the short one).
             model = fitted(mode, s)
-            if s.mode is mode and s.ms and s.ms <= stall_factor * model:
-                return float(s.ms)
-            return model
+            return float(s.ms) if s.mode is mode and s.ms and s.ms <= stall_factor * model else model
 
         per_request = _acceptance_per_request(steps)
         return cls(
@@ -287,25 +280,16 @@ def oracle_rate(world: World, catchup_window: int, catchup_max_tokens: int = 819
 
 
 def _read_text(path: Path) -> str:
-    if path.suffix == ".xz":
-        import lzma
-
-        return lzma.open(path, "rt").read()
-    return path.read_text()
+    return lzma.open(path, "rt").read() if path.suffix == ".xz" else path.read_text()
 
 
 def load_recorded(trace_path: Path) -> Tuple[List[TraceStep], dict]:
     """A recorded trace (``.xz`` read compressed) and its server's configuration and priors:
     the trace's last ``config`` line, or a sidecar ``<name>.json`` beside it; without a sidecar's
     ``catchup`` the catch-up cost is fitted from the trace's ``catchup`` lines."""
-    import tempfile
-
     trace_path = Path(trace_path)
     text = _read_text(trace_path)
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as tmp:
-        tmp.write(text)
-    steps = load_trace(Path(tmp.name))
-    Path(tmp.name).unlink()
+    steps = load_trace(trace_path, text)
     records = [json.loads(line) for line in text.splitlines() if line.strip()]
     sidecar = trace_path.parent / f"{trace_path.name.split('.jsonl')[0]}.json"
     if sidecar.exists():

@@ -46,11 +46,9 @@ GLOBAL_FIT_MEMORY_SAMPLES = 2048
 # PRIOR_KV_SPREAD_TOKENS apart at the same batch size.
 PRIOR_SLOPE_SAMPLES = 64.0
 PRIOR_KV_SPREAD_TOKENS = 16384.0
-# Weight of the per-request cost's prior (0: the replay already holds the padded batch's GPU
-# work), in samples: as much as 4 steps spread 16 requests apart (two graph buckets at mid
-# sizes). Steps at a handful of nearby batch sizes cannot move it far: a slope read from 16
-# plain steps at 1-8 requests (host jitter of a millisecond) once predicted 15 ms for a plain
-# step at 72 requests that took 8 ms.
+# Weight of the per-request cost's prior (0: the replay holds the padded batch's GPU work): 4
+# steps spread 16 requests apart (two graph buckets), so that steps at a few nearby batch sizes
+# cannot set it (16 plain steps at 1-8 requests once predicted 15 ms at 72 for an 8 ms step).
 PRIOR_PER_REQUEST_SAMPLES = 4.0
 PRIOR_BATCH_SPREAD = 16.0
 # A timed step this many times its prediction is a stall, not a cost, unless STALL_RUN come in a
