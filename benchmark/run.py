@@ -87,7 +87,11 @@ def start_group(plan: argparse.Namespace, group: tuple[str, ...], document: dict
             server.wait_until_healthy(served[name], plan.server_timeout_s - (time.monotonic() - launched[name]),
                                       ERROR_TAIL_LINES)
             info = server.fetch_server_info(served[name].base_url)
-            kv = KV_TOKENS.search(served[name].log_path.read_text(errors="replace"))
+            log = served[name].log_path.read_text(errors="replace")
+            if plan.acceptance_file and "simulated acceptance differs by request" not in log:
+                raise server.ServerError(f"[{name}] the acceptance test plugin did not load: pip install -e "
+                                         "test/gpu/native_ops_plugin (--acceptance and ~MIX need it)")
+            kv = KV_TOKENS.search(log)
             document["configs"][name].update(
                 status=results.RUN_OK, startup_s=time.monotonic() - launched[name], kv_tokens=kv and int(kv.group(1)),
                 max_running_requests=server.effective_max_running_requests(info),
@@ -231,6 +235,8 @@ def build_plan(args: argparse.Namespace) -> argparse.Namespace:
     plan.names = tuple(configs.parse_config_list(args.configs))
     options = workloads.Options(args.traffic_s, args.idle_s, args.waves, args.min_prompts)
     plan.workloads = workloads.parse_workloads(args.workload or ["closed-1,closed-4,closed-16,closed-64"], options)
+    if len({results.file_safe(w.name) for w in plan.workloads}) < len(plan.workloads):
+        raise ValueError("two workload names differ only in characters a file name cannot hold (e.g. @ and ~)")
     plan.warmups = [] if args.warmup == "none" else workloads.parse_workloads([args.warmup], options)
     if args.schedule == "paired" and len(plan.names) != 2:
         raise SystemExit("--schedule paired takes two --configs")
@@ -238,11 +244,12 @@ def build_plan(args: argparse.Namespace) -> argparse.Namespace:
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     plan.server_env = configs.parse_env_assignments(args.server_env)
     plan.acceptance_file = None
-    if args.acceptance or any(w.acceptance for w in plan.workloads):  # the test plugin reads a file
+    if args.acceptance or any(w.acceptance for w in plan.workloads + plan.warmups):  # the plugin reads a file
         default = args.acceptance or plan.server_env.get(SIMULATE_ENV)
         if default is None:
             raise ValueError(f"a workload with ~MIX needs --acceptance MIX or --server-env {SIMULATE_ENV}=X")
-        plan.acceptance = workloads.acceptance_mixture(default.replace(",", "/"), "--acceptance")
+        plan.acceptance = workloads.acceptance_mixture(default.replace(",", "/"), "--acceptance" if args.acceptance
+                                                       else f"--server-env {SIMULATE_ENV}")
         plan.acceptance_file = plan.out_dir / MIX_FILE
         plan.server_env = {SIMULATE_ENV: "1", **plan.server_env, MIX_FILE_ENV: str(plan.acceptance_file)}
         set_acceptance(plan, None)

@@ -203,7 +203,7 @@ def test_a_mixture_file_is_read_again_when_it_changes(plugin, tmp_path) -> None:
 def test_a_bad_mixture_file_refuses_at_start_and_keeps_the_last_mixture_later(
         plugin, tmp_path, clean_hook_registry, caplog) -> None:
     path = tmp_path / "acceptance"
-    for content in (None, "0.5", "1.3:0.5,4.0"):
+    for content in (None, "0.5", "1.3:0.5,4.0"):  # missing, below 1, weights not summing to 1
         if content is not None:
             write_atomically(path, content)
         with pytest.raises(SystemExit) as stop:
@@ -217,8 +217,17 @@ def test_a_bad_mixture_file_refuses_at_start_and_keeps_the_last_mixture_later(
     os.utime(path, ns=(3, 3))
     assert set(mix.means_for([request([1, 2, 3])]).tolist()) == {2.0}
     assert any("keeping mixture 2" in r.getMessage() for r in caplog.records)
+    write_atomically(path, "2.5")  # good again
+    assert set(mix.means_for([request([1, 2, 3])]).tolist()) == {2.5}
     path.unlink()
-    assert set(mix.means_for([request([1, 2, 3])]).tolist()) == {2.0}
+    caplog.clear()
+    for _ in range(5):
+        assert set(mix.means_for([request([1, 2, 3])]).tolist()) == {2.5}
+    assert sum("keeping mixture" in r.getMessage() for r in caplog.records) == 1  # once, not per verify
+    path.write_bytes(b"\xff\xfe")  # not UTF-8: logged, not raised into the verify
+    assert set(mix.means_for([request([1, 2, 3])]).tolist()) == {2.5}
+    with pytest.raises(SystemExit, match="cannot read"):
+        plugin.register({FILE_ENV: str(path), SIM_ENV: "3"})
 
 
 def test_only_one_way_to_give_the_mixture(plugin, tmp_path) -> None:

@@ -109,6 +109,27 @@ def test_a_workloads_acceptance_is_what_the_servers_read_during_its_runs(fakes, 
         ("closed-2", "3.0"), ("closed-2~1.3:0.5/4.0:0.5", "1.3:0.5,4.0:0.5"), ("closed-4~1.6", "1.6")]
     with pytest.raises(SystemExit, match="needs --acceptance MIX or --server-env"):
         main(fakes / "other", "--workload", "closed-2~1.6")
+    with pytest.raises(SystemExit, match="^error: --server-env SGLANG_SIMULATE_ACC_LEN: acceptance '0.5'"):
+        main(fakes / "other", "--workload", "closed-2~1.6", "--server-env", "SGLANG_SIMULATE_ACC_LEN=0.5")
+    with pytest.raises(SystemExit, match="differ only in characters"):
+        main(fakes / "other", "--workload", "poisson-6@15,poisson-6~15")
+
+
+def test_without_the_acceptance_plugin_on_the_servers_nothing_runs(fakes, monkeypatch):
+    """A server without the test plugin would run every request at sglang's simulated length."""
+    monkeypatch.setenv("FAKE_WITHOUT_MIX_PLUGIN", "1")
+    out = fakes / "out"
+    assert main(out, "--workload", "closed-2~1.6", "--configs", "plain", "--acceptance", "3.0") == 1
+    document = json.loads((out / "results.json").read_text())
+    assert "acceptance test plugin did not load" in document["configs"]["plain"]["error"]
+    assert not [r for r in document["runs"] if r.get("segments")]
+
+
+def test_a_warm_up_may_carry_its_own_acceptance(fakes):
+    out = fakes / "out"
+    assert main(out, "--workload", "closed-2", "--warmup", "warmup~1.6", "--configs", "plain",
+                "--server-env", "SGLANG_SIMULATE_ACC_LEN=3.0") == 0
+    assert json.loads((out / "results.json").read_text())["runs"][0]["acceptance"] == "3.0"
 
 
 def test_sequential_serves_one_configuration_at_a_time_with_its_own_memory_flags(fakes):

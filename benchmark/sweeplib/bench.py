@@ -95,8 +95,10 @@ def request_stats(line: dict) -> dict:
     for error, tokens, ttft, itls in zip(errors, line.get("output_lens") or [], line.get("ttfts") or [],
                                          line.get("itls") or []):
         decode_s = sum(itls)
-        # A request answered without a streamed token (a prompt over the context length, say)
-        # has TTFT 0 and no ITLs, though bench_serving counts it completed with its asked length.
+        # A request answered without a streamed token (a prompt over the context length) has TTFT
+        # 0 and no ITLs, though bench_serving counts it completed (TTFT is stamped at the first
+        # chunk with text: a one-token answer without text reads the same unless the run has
+        # --visible-special-tokens).
         stats["ok"].append(not error and (ttft > 0 or bool(itls)))
         stats["output_len"].append(tokens)
         stats["ttft_s"].append(round(ttft, 6))

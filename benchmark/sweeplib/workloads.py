@@ -62,14 +62,19 @@ def _number(text: str, name: str, kind=int):
     return value
 
 
-def acceptance_mixture(text: str, name: str) -> str:
-    """``MEAN`` or ``MEAN:WEIGHT/MEAN:WEIGHT...`` (``,`` separates workloads) as the test plugin's
-    ``MEAN:WEIGHT,...``, checked before any server starts."""
+def acceptance_mixture(text: str, source: str) -> str:
+    """``MEAN[:WEIGHT]`` or ``MEAN:WEIGHT/MEAN:WEIGHT...`` (``/``: ``,`` separates workloads) as the
+    test plugin's ``MEAN:WEIGHT,...``, checked before any server starts."""
     classes = [term.split(":") for term in text.split("/")]
-    means = [_number(c[0], name, float) for c in classes]
-    weights = [_number(c[-1], name, float) if len(c) == 2 else 1.0 for c in classes]
-    if any(len(c) != (1 if len(classes) == 1 else 2) for c in classes) or min(means) < 1 or abs(sum(weights) - 1) > .01:
-        raise ValueError(f"workload {name!r}: acceptance {text!r} is not MEAN (>= 1) or MEAN:WEIGHT/... (weights sum 1)")
+    try:
+        means = [float(c[0]) for c in classes]
+        weights = [float(c[1]) if len(c) == 2 else 1.0 for c in classes]
+        shape = all(len(c) == 2 for c in classes) if len(classes) > 1 else len(classes[0]) <= 2
+    except ValueError:
+        shape = False
+    if not shape or min(means) < 1 or abs(sum(weights) - 1) > 0.01:
+        raise ValueError(f"{source}: acceptance {text!r} is not MEAN (>= 1) or MEAN:WEIGHT/MEAN:WEIGHT... "
+                         "(classes separated by '/', weights summing to 1)")
     return ",".join(":".join(c) for c in classes)
 
 
@@ -78,7 +83,7 @@ def workload(name: str, options: Options = Options()) -> list[Workload]:
     simulated acceptance MIX (each result keeps the whole name)."""
     if "~" in name:
         base, _, mix = name.partition("~")
-        acceptance = acceptance_mixture(mix, name)
+        acceptance = acceptance_mixture(mix, f"workload {name!r}")
         return [Workload(f"{w.name}~{mix}", w.segments, acceptance) for w in workload(base, options)]
     kind, _, parameter = name.partition("-")
     if name == "long-context":

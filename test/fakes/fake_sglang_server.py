@@ -109,6 +109,8 @@ def main() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print(f"fake server {ARGS.speculative_algorithm or 'plain'} started at {time.time():.4f}", flush=True)
+    if os.environ.get("SGLANG_DE_TEST_ACCEPTANCE_MIX_FILE") and not os.environ.get("FAKE_WITHOUT_MIX_PLUGIN"):
+        print("SGLANG_DE_TEST_ACCEPTANCE_MIX_FILE=...: simulated acceptance differs by request", flush=True)
     time.sleep(ALLOCATE_S)
     for _ in range(2 if ARGS.speculative_algorithm else 1):
         print(f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {ARGS.max_total_tokens}, "

@@ -3,11 +3,11 @@
 A trace is the sequence of decode steps a server ran: batch size, KV tokens, queue, the mode
 that ran, its measured time and (speculative steps) the tokens its verify yielded. The
 server writes one with ``SGLANG_DYNAMIC_EAGLE_TRACE=<file>`` (JSON lines, see
-``observability.trace``). A :class:`World` turns it into both modes' cost of every step: the
-mode that ran costs what was measured; the other a least-squares fit over the whole trace of
-its mode's timed steps (a base per CUDA-graph bucket, a cost per request and per KV token;
-stalls left out); speculative tokens from the acceptance per request around the nearest
-verify, smoothed. The batch sequence is taken as given (a replayed policy does not change
+``observability.trace``). A :class:`World` turns it into both modes' cost of every step: a
+least-squares fit over the whole trace of each mode's timed steps (a base per CUDA-graph
+bucket, a cost per request and per KV token; stalls left out) times that mode's measured /
+fitted ratio over its nearest timed steps, alike for both modes; speculative tokens from the
+acceptance per request around the nearest verify, smoothed. The batch sequence is taken as given (a replayed policy does not change
 which requests arrive when: an approximation, the same for the policy and the oracle).
 
 :func:`simulate` runs a policy over a world (step times reach it ``feedback_lag`` steps late,
@@ -33,6 +33,8 @@ import numpy as np
 from sglang_dynamic_eagle.policy.types import DecodeMode, StepObservation
 
 FEEDBACK_LAG_STEPS = 16  # the worker all-reduces timings of steps [s - 16, s - 8) at step s
+LOCAL_STEPS = 16  # a world corrects a mode's fit by its measured ratio over this many nearby steps
+MIN_FITTED_MS = 0.05  # a fit extrapolated below this (or below 0) costs this
 
 
 @dataclass(frozen=True)
@@ -153,44 +155,48 @@ class World:
             nearest = min(base, key=lambda b: (abs(b - bucket), -b))
             return base[nearest] + per_request * s.batch + per_kv * s.kv_tokens
 
-        def cost(mode: DecodeMode, s: TraceStep) -> float:
-            # The mode that ran costs what was measured (a stall costs the fit), the other the
-            # fit: no line holds every step (26 ms at 9k KV tokens, 7.8 ms at 700: a fit
-            # through both put 20 ms on the short one).
-            model = fitted(mode, s)
-            return float(s.ms) if s.mode is mode and s.ms and s.ms <= stall_factor * model else model
+        def local_ratio(mode: DecodeMode) -> np.ndarray:
+            # Measured over fitted time of the mode's nearest timed steps (stalls left out):
+            # what one line misses where the load is (26 ms at 9k KV tokens, 7.8 ms at 700).
+            timed = [(i, s.ms / m) for i, s in enumerate(steps) if s.mode is mode and s.ms
+                     and 0 < (m := fitted(mode, s)) and s.ms <= stall_factor * m]
+            return _local_mean(timed, len(steps), LOCAL_STEPS // 2)
+
+        ratios = {mode: local_ratio(mode) for mode in fits}
+
+        def cost(mode: DecodeMode, i: int, s: TraceStep) -> float:
+            return max(MIN_FITTED_MS, fitted(mode, s)) * float(ratios[mode][i])
 
         per_request = _acceptance_per_request(steps)
         return cls(
             batch=np.array([s.batch for s in steps]),
             kv_tokens=np.array([s.kv_tokens for s in steps]),
             queued=np.array([s.queued for s in steps]),
-            plain_ms=np.array([cost(DecodeMode.PLAIN, s) for s in steps]),
-            spec_ms=np.array([cost(DecodeMode.SPECULATIVE, s)
-                              if s.batch <= max_speculative_batch else np.inf for s in steps]),
+            plain_ms=np.array([cost(DecodeMode.PLAIN, i, s) for i, s in enumerate(steps)]),
+            spec_ms=np.array([cost(DecodeMode.SPECULATIVE, i, s) if s.batch <= max_speculative_batch
+                              else np.inf for i, s in enumerate(steps)]),
             spec_tokens=np.array([a * s.batch for s, a in zip(steps, per_request)]),
             catchup_fixed_ms=catchup_fixed_ms,
             catchup_per_token_ms=catchup_per_token_ms,
         )
 
 
-def _acceptance_per_request(steps: Sequence[TraceStep], smooth: int = 8) -> List[float]:
-    """Per step, the tokens per request around the nearest verified step: the mean over
-    ``smooth`` verified steps on each side, so that neither a policy nor the oracle is charged
-    (or credited) one step's luck, which no decision can foresee."""
-    verified = [(i, s.spec_tokens / s.batch) for i, s in enumerate(steps)
-                if s.spec_tokens and s.batch]
-    if not verified:
-        return [1.0] * len(steps)
-    index = np.array([i for i, _ in verified])
-    raw = np.array([a for _, a in verified])
-    value = [float(raw[max(0, k - smooth): k + smooth + 1].mean()) for k in range(len(raw))]
-    out = []
-    for i in range(len(steps)):
-        j = int(np.searchsorted(index, i))
-        candidates = [k for k in (j - 1, j) if 0 <= k < len(index)]
-        out.append(value[min(candidates, key=lambda k: abs(index[k] - i))])
-    return out
+def _local_mean(samples: Sequence[Tuple[int, float]], length: int, half: int) -> np.ndarray:
+    """Per step of ``length``, the mean of the ``2 * half`` (step, value) samples nearest to it
+    (1 without samples): no decision can foresee one step's luck, so none is charged with it."""
+    if not samples:
+        return np.ones(length)
+    at = np.array([i for i, _ in samples])
+    sums = np.concatenate([[0.0], np.cumsum([v for _, v in samples])])
+    low = np.clip(np.searchsorted(at, np.arange(length)) - half, 0, max(0, len(at) - 2 * half))
+    high = np.minimum(low + 2 * half, len(at))
+    return (sums[high] - sums[low]) / (high - low)
+
+
+def _acceptance_per_request(steps: Sequence[TraceStep], smooth: int = 8) -> np.ndarray:
+    """Per step, the tokens per request of the ``2 * smooth`` verified steps nearest to it."""
+    return _local_mean([(i, s.spec_tokens / s.batch) for i, s in enumerate(steps)
+                        if s.spec_tokens and s.batch], len(steps), smooth)
 
 
 @dataclass
@@ -212,6 +218,7 @@ def simulate(policy, world: World, catchup_window: int, catchup_max_tokens: int 
     it takes them) over ``world``."""
     tokens = ms = 0.0
     plain_run = spec_steps = switches = 0
+    carry = 0.0  # accepted drafts owed to the verify feedback (whole drafts per verify)
     previous: Optional[DecodeMode] = None
     pending: List[Tuple[int, int, DecodeMode, int, int, float]] = []
     for i in range(len(world.batch)):
@@ -233,7 +240,8 @@ def simulate(policy, world: World, catchup_window: int, catchup_max_tokens: int 
             plain_run = 0
             spec_steps += 1
             if hasattr(policy, "add_verify"):
-                policy.add_verify(_drafts_per_request(step_tokens, b))
+                drafts, carry = _drafts_per_request(step_tokens, b, carry)
+                policy.add_verify(drafts)
         else:
             step_ms, step_tokens = world.plain_ms[i], float(b)
             served_ms = step_ms
@@ -249,11 +257,13 @@ def simulate(policy, world: World, catchup_window: int, catchup_max_tokens: int 
     return ReplayResult(tokens, ms, spec_steps, switches)
 
 
-def _drafts_per_request(tokens: float, batch: int) -> List[int]:
-    """Accepted drafts per request (bonus excluded) summing to ``tokens - batch``."""
-    drafts = max(0, int(round(tokens)) - batch)
+def _drafts_per_request(tokens: float, batch: int, carry: float = 0.0) -> Tuple[List[int], float]:
+    """Accepted drafts per request (bonus excluded) summing to ``tokens - batch`` plus ``carry``,
+    and the fraction carried on: whole drafts with the world's mean (rounding told 1.5 for 1.6)."""
+    total = max(0.0, tokens - batch) + carry
+    drafts = int(total)
     base, extra = divmod(drafts, batch)
-    return [base + (1 if r < extra else 0) for r in range(batch)]
+    return [base + (1 if r < extra else 0) for r in range(batch)], total - drafts
 
 
 def oracle_rate(world: World, catchup_window: int, catchup_max_tokens: int = 8192) -> float:
@@ -327,16 +337,7 @@ def throughput_policy_for(meta: dict, per_kv_token_scale: float = 1.0):
         buckets = {DecodeMode(mode): list(b) for mode, b in meta["buckets"].items()}
     else:
         buckets = {mode: sorted(table) for mode, table in calibration.items()}
-    if "per_kv_token_ms" in meta:  # written by the server (the trace's config line)
-        per_kv = {DecodeMode(m): per_kv_token_scale * v for m, v in meta["per_kv_token_ms"].items()}
-    else:  # a hand-made sidecar: KV bytes per token over bandwidth
-        bytes_per_ms = meta["bandwidth_gbps"] * 1e6
-        kv = meta["kv_bytes_per_token"]
-        per_kv = {
-            DecodeMode.PLAIN: per_kv_token_scale * kv["target"] / bytes_per_ms,
-            DecodeMode.SPECULATIVE: per_kv_token_scale * (
-                kv["target"] + (meta["speculative_num_steps"] + 1) * kv["draft"]) / bytes_per_ms,
-        }
+    per_kv = {DecodeMode(m): per_kv_token_scale * v for m, v in meta["per_kv_token_ms"].items()}
     config = ThroughputPolicyConfig(**{
         name: meta[name] for name in ("max_speculative_batch", "max_running_requests",
                                       "kv_capacity_tokens", "catchup_window",

@@ -46,11 +46,6 @@ GLOBAL_FIT_MEMORY_SAMPLES = 2048
 # PRIOR_KV_SPREAD_TOKENS apart at the same batch size.
 PRIOR_SLOPE_SAMPLES = 64.0
 PRIOR_KV_SPREAD_TOKENS = 16384.0
-# Weight of the per-request cost's prior (0: the replay holds the padded batch's GPU work): 4
-# steps spread 16 requests apart (two graph buckets), so that steps at a few nearby batch sizes
-# cannot set it (16 plain steps at 1-8 requests once predicted 15 ms at 72 for an 8 ms step).
-PRIOR_PER_REQUEST_SAMPLES = 4.0
-PRIOR_BATCH_SPREAD = 16.0
 # A timed step this many times its prediction is a stall, not a cost, unless STALL_RUN come in a
 # row at one bucket (then the prediction was wrong: a bucket the replay could not time).
 STALL_FACTOR = 4.0
@@ -203,10 +198,10 @@ class ModeCost:
 
     def _refit(self) -> None:
         # Ridge priors: the KV slope at its physical prior (weight as PRIOR_SLOPE_SAMPLES steps
-        # spread PRIOR_KV_SPREAD_TOKENS apart), the per-request cost at 0 (weight as
-        # PRIOR_PER_REQUEST_SAMPLES steps spread PRIOR_BATCH_SPREAD apart).
-        prior = [0.0, PRIOR_PER_REQUEST_SAMPLES * PRIOR_BATCH_SPREAD**2,
-                 PRIOR_SLOPE_SAMPLES * PRIOR_KV_SPREAD_TOKENS**2]
+        # spread PRIOR_KV_SPREAD_TOKENS apart); a tiny pull of the per-request cost to 0 keeps
+        # the system solvable while every step so far had one batch size (a real prior there
+        # would price speculation's 0.3 ms of host work per request low after light traffic).
+        prior = [0.0, 1e-6, PRIOR_SLOPE_SAMPLES * PRIOR_KV_SPREAD_TOKENS**2]
         target = [0.0, 0.0, self.prior_per_kv_token_ms]
         a = [[self._xx[i][j] + (prior[i] if i == j else 0.0) for j in range(3)] for i in range(3)]
         y = [self._xy[i] + prior[i] * target[i] for i in range(3)]

@@ -203,37 +203,44 @@ def parse_schedule(text: str, env: str = SCHEDULE_ENV) -> Schedule:
 
 
 class MixtureFile:
-    """A mixture read from a file, read again when the file's modification time or size changes."""
+    """A mixture read from a file, read again when the file's inode, modification time or size
+    changes (a rename over it gives a new inode)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._stamp = self._stat()
         self.mixture = self._read()
+        self._failing = False
 
-    def _stat(self) -> Tuple[int, int]:
+    def _stat(self) -> Tuple[int, int, int]:
         try:
             status = os.stat(self.path)
         except OSError as error:
             raise AcceptanceMixError(f"{FILE_ENV}: cannot read {self.path!r}: {error.strerror}") from None
-        return status.st_mtime_ns, status.st_size
+        return status.st_ino, status.st_mtime_ns, status.st_size
 
     def _read(self) -> Mixture:
         try:
-            with open(self.path) as handle:
+            with open(self.path, encoding="utf-8") as handle:
                 text = handle.read()
-        except OSError as error:
-            raise AcceptanceMixError(f"{FILE_ENV}: cannot read {self.path!r}: {error.strerror}") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise AcceptanceMixError(f"{FILE_ENV}: cannot read {self.path!r}: "
+                                     f"{getattr(error, 'strerror', None) or error}") from None
         return parse_mixture(text.strip(), f"{FILE_ENV} ({self.path})")
 
     def current(self) -> Mixture:
-        """The file's mixture; a file that vanished or holds a bad mixture keeps the last good one."""
+        """The file's mixture; a file that vanished or holds a bad mixture keeps the last good one
+        (logged once until the file changes again)."""
         try:
             stamp = self._stat()
             if stamp != self._stamp:
                 self._stamp = stamp
                 self.mixture = self._read()
+            self._failing = False
         except AcceptanceMixError as error:
-            logger.error("%s; keeping mixture %s (test only)", error, self.mixture.describe())
+            if not self._failing:
+                logger.error("%s; keeping mixture %s (test only)", error, self.mixture.describe())
+            self._failing = True
         return self.mixture
 
 
@@ -422,9 +429,9 @@ def _check_tensor_parallel(mix: AcceptanceMix) -> None:
     from sglang.srt.distributed import get_tp_group
 
     if get_tp_group().world_size > 1:
-        raise RuntimeError(f"{_configured_by()} with several mixtures needs tensor parallelism 1: each "
-                           "rank keeps its own clock (or reads the file at its own step) and ranks could "
-                           "disagree on the mixture")
+        raise RuntimeError(f"{_configured_by()} needs tensor parallelism 1 with a schedule or a file: "
+                           "each rank keeps its own clock (reads the file at its own step), and ranks "
+                           "could disagree on the mixture")
 
 
 def around_eagle_sample(original, verify_input, batch, *args, **kwargs):
