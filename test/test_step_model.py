@@ -49,3 +49,20 @@ def test_host_work_per_request_seen_at_light_load_carries_to_a_burst() -> None:
                  batch_size=b)
     truth = plain_replay(72) + 2.4 + 0.31 * 72 + KV_PRIOR_MS * 72 * 700
     assert cost.predict(72, 72 * 700) == pytest.approx(truth, rel=0.15)
+
+
+def test_one_unlucky_verify_does_not_set_the_acceptance() -> None:
+    """A request accepting 1.6 tokens per verify shows 0 or 1 drafts at a time. Its first verify
+    with none (1 token) leaves the estimate near the prior; 28 verifies (a probe of 7 steps at 4
+    requests) bring it within 0.1 of 1.6. (Taken alone, that first verify read 1.0, and the
+    policy left speculation for good on a load where it was 4% better.)"""
+    from sglang_dynamic_eagle.policy.step_model import Acceptance
+
+    acceptance = Acceptance(max_acceptance=4.0)
+    acceptance.add_verify([0], decode_step=1)
+    assert acceptance.server_mean > 2.5
+    rng = np.random.default_rng(6)
+    for step in range(2, 9):
+        acceptance.add_verify(list((rng.random(4) < 0.6).astype(int)), decode_step=step)
+    assert acceptance.server_mean == pytest.approx(1.6, abs=0.15)
+

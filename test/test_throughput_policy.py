@@ -130,23 +130,11 @@ def test_regret_on_recorded_traces(trace: Path) -> None:
     assert regret(throughput_policy_for(meta), world) <= MAX_REGRET
 
 
-# Loads where the policy misses the bar (strict: one that starts passing fails until taken off).
-KNOWN_ABOVE_BAR = {
-    ("h200-dummy8b-traffic-a", "closed-4~1.6"): (
-        "3.8%: four requests at acceptance 1.6, where speculation serves 3-5% more tokens per "
-        "second than plain and the policy's prediction of it is as much too low: it stays plain "
-        "between probes (on the GPU: 0.969x the better of plain and EAGLE3)"),
-}
-
-
 def recorded_segments():
     for trace in TRACES:
         _, meta = load_recorded(trace)
-        stem = trace.name.split(".")[0]
         for name in meta.get("segments", {}):
-            known = KNOWN_ABOVE_BAR.get((stem, name))
-            marks = [pytest.mark.xfail(reason=known, strict=True)] if known else []
-            yield pytest.param(trace, name, id=f"{stem}:{name}", marks=marks)
+            yield pytest.param(trace, name, id=f"{trace.name.split('.')[0]}:{name}")
 
 
 def test_a_replay_world_follows_what_was_measured_near_each_step_in_both_modes() -> None:

@@ -485,9 +485,10 @@ def test_verifies_catchups_and_step_times_reach_the_throughput_policy(worker) ->
     worker.queued = 31
     decode(worker, [0])  # step 2: plain (the burst)
     worker.on_verify_complete_cpu([2])  # step 1's result: 3 tokens
-    assert policy.acceptance.server_mean == pytest.approx(3.0)
+    first = policy.acceptance.server_mean
+    assert first is not None and 3.0 < first < policy.acceptance.max_acceptance  # shrunk to the prior
     worker.on_verify_complete_cpu([3])  # step 2's (plain) result: not an acceptance
-    assert policy.acceptance.server_mean == pytest.approx(3.0)
+    assert policy.acceptance.server_mean == first
     worker.queued = 0
     decode(worker, [0])  # step 3: speculative, after catching up slot 0's one plain position
     decode(worker, [0])  # step 4: steps [0, 2) are handed over

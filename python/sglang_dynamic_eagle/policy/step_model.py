@@ -17,7 +17,8 @@ The host, per-request and KV terms are one ridge least-squares fit over every ti
 
 Yield. A plain step yields one token per request. A speculative step yields, per request, its
 acceptance length (bonus included): the request's own mean over its verifies, shrunk towards
-the server-wide recent mean by ``REQUEST_PRIOR_VERIFIES`` pseudo-verifies.
+the server-wide mean (the recent mean shrunk towards the long-run mean, that towards the full
+acceptance) by ``REQUEST_PRIOR_VERIFIES`` pseudo-verifies.
 
 Catch-up. Entering speculation after plain steps runs the draft over the tokens decoded plainly
 (at most the catch-up window per request): ``fixed + per_token * tokens``, fitted the same way.
@@ -58,6 +59,10 @@ REQUEST_PRIOR_VERIFIES = 4.0
 # each step verifies the whole batch, so 16 steps hold hundreds of requests' verifies, and a
 # change of task mix shows within a fraction of a second.
 ACCEPTANCE_WINDOW_STEPS = 16
+# The recent mean is shrunk towards the long-run mean (forgetting over this many decode steps,
+# ~10 s of decoding), that towards the full acceptance, each by REQUEST_PRIOR_VERIFIES
+# pseudo-verifies: one verify of one request (0 or 1 drafts at a mean of 1.6) cannot set it.
+ACCEPTANCE_LONG_RUN_STEPS = 1024
 
 
 @dataclass
@@ -254,15 +259,6 @@ class ModeCost:
         }
 
 
-def _nearest(ordered: Sequence[int], bucket: int) -> Optional[int]:
-    """The element of ``ordered`` (ascending) closest to ``bucket``; ties go to the larger."""
-    if not ordered:
-        return None
-    index = bisect.bisect_left(ordered, bucket)
-    candidates = ordered[max(0, index - 1): index + 1]
-    return min(candidates, key=lambda b: (abs(b - bucket), -b))
-
-
 class CatchupCost:
     """Draft-KV catch-up milliseconds as ``fixed + per_token * tokens``, fitted from timed
     catch-ups (exponential forgetting).
@@ -306,24 +302,30 @@ class Acceptance:
         if not max_acceptance >= 1:
             raise ValueError(f"max_acceptance must be >= 1, got {max_acceptance}")
         self.max_acceptance = float(max_acceptance)
-        self._keep = 1.0 - 1.0 / ACCEPTANCE_WINDOW_STEPS
-        self._sum = self._weight = 0.0
+        self._keeps = (1.0 - 1.0 / ACCEPTANCE_WINDOW_STEPS, 1.0 - 1.0 / ACCEPTANCE_LONG_RUN_STEPS)
+        self._sums = [[0.0, 0.0], [0.0, 0.0]]  # (tokens, verified requests): recent, long-run
         self._last_step = 0
 
     @property
     def server_mean(self) -> Optional[float]:
-        """Recent server-wide mean (each verified request weighs 1 when added); None before
-        the first verify."""
-        return self._sum / self._weight if self._weight > 0 else None
+        """Server-wide mean (each verified request weighs 1 when added): the recent mean shrunk
+        towards the long-run one, that towards the full acceptance; None before the first verify."""
+        (recent, recent_n), (long_run, long_run_n) = self._sums
+        if long_run_n <= 0:
+            return None
+        k = REQUEST_PRIOR_VERIFIES
+        prior = (long_run + k * self.max_acceptance) / (long_run_n + k)
+        return (recent + k * prior) / (recent_n + k)
 
     def add_verify(self, correct_drafts_per_req: Sequence[int], decode_step: int) -> None:
         """One verify step's result: accepted drafts per request (the bonus token is added)."""
         if not correct_drafts_per_req:
             return
-        keep = self._keep ** max(0, decode_step - self._last_step)
         count = len(correct_drafts_per_req)
-        self._sum = self._sum * keep + sum(correct_drafts_per_req) + count
-        self._weight = self._weight * keep + count
+        for sums, keep in zip(self._sums, self._keeps):
+            decay = keep ** max(0, decode_step - self._last_step)
+            sums[0] = sums[0] * decay + sum(correct_drafts_per_req) + count
+            sums[1] = sums[1] * decay + count
         self._last_step = decode_step
 
     def batch_tokens(self, batch_size: int, verifies: Sequence[int], accepted: Sequence[int],
