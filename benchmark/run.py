@@ -171,11 +171,6 @@ def benchmark_group(plan: argparse.Namespace, group: tuple[str, ...], served: di
                     f"{m['median_ttft_ms']:.0f} ms, goodput {m['goodput']:.2f} req/s") if m.get("completed") else "")
 
 
-def stop_on_sigterm(signum, frame) -> None:
-    """An outer `timeout` sends SIGTERM: unwind, so that the servers are stopped and what finished is written."""
-    raise SystemExit(128 + signum)
-
-
 def command_run(args: argparse.Namespace) -> int:
     plan = build_plan(args)
     deadline = time.monotonic() + (args.time_budget_s if args.time_budget_s is not None else math.inf)
@@ -185,7 +180,8 @@ def command_run(args: argparse.Namespace) -> int:
     document = results.new_results_document([sys.executable, os.path.relpath(__file__), *args.argv], settings,
                                             args.git_commit)
     tails: dict[str, str] = {}
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    # An outer `timeout` sends SIGTERM: unwind, so that the servers are stopped and what finished is written.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tempfile.TemporaryDirectory(prefix="benchmark-") as scratch:
         plan.scratch = Path(scratch)
         client = bench.BenchClient(plan.scratch / "bench_driver.log")
@@ -217,8 +213,7 @@ def command_run(args: argparse.Namespace) -> int:
             (plan.out_dir / report.REPORT_FILE).write_text(report.render_markdown(document))
             results.save_results(document, plan.out_dir / RESULTS_FILE)
             logger.info("wrote %s and %s", plan.out_dir / RESULTS_FILE, plan.out_dir / report.REPORT_FILE)
-    return 0 if all(c["status"] == results.RUN_OK for c in document["configs"].values()) and all(
-        r["status"] == results.RUN_OK for r in document["runs"]) else 1
+    return 0 if all(r["status"] == results.RUN_OK for r in [*document["configs"].values(), *document["runs"]]) else 1
 
 
 def command_report(args: argparse.Namespace) -> int:

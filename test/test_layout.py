@@ -258,3 +258,11 @@ def test_every_patching_function_is_where_the_registry_says() -> None:
             assert callable(hook), path
             if reliance.kind == "attribute swap":
                 assert path in functions, f"{path} assigns no attribute ({reliance.target})"
+
+
+def test_the_benchmark_stays_one_small_driver() -> None:
+    """benchmark/ Python (results aside) under 1,500 lines, one entry point."""
+    root = Path(__file__).resolve().parents[1] / "benchmark"
+    files = [root / "run.py", *sorted((root / "sweeplib").glob("*.py"))]
+    assert sum(len(path.read_text().splitlines()) for path in files) < 1500
+    assert sorted(p.name for p in root.glob("*.py")) == ["run.py"]

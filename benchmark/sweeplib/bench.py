@@ -95,10 +95,9 @@ def request_stats(line: dict) -> dict:
     for error, tokens, ttft, itls in zip(errors, line.get("output_lens") or [], line.get("ttfts") or [],
                                          line.get("itls") or []):
         decode_s = sum(itls)
-        # A request answered without a streamed token (a prompt over the context length) has TTFT
-        # 0 and no ITLs, though bench_serving counts it completed (TTFT is stamped at the first
-        # chunk with text: a one-token answer without text reads the same unless the run has
-        # --visible-special-tokens).
+        # A request answered without a streamed token (a prompt over the context length) has TTFT 0 and no ITLs,
+        # though bench_serving counts it completed (TTFT is stamped at the first chunk with text: a one-token
+        # answer without text reads the same unless the run has --visible-special-tokens).
         stats["ok"].append(not error and (ttft > 0 or bool(itls)))
         stats["output_len"].append(tokens)
         stats["ttft_s"].append(round(ttft, 6))
@@ -145,6 +144,5 @@ def workload_metrics(segments: list[dict], goodput_tpot_ms: float) -> dict:
     for name, values in (("ttft", [requests["ttft_s"][i] for i in ok]), ("tpot", tpots),
                          ("e2e_latency", [requests["e2e_s"][i] for i in ok])):
         for label, q in (("median", 50), ("p99", 99)):
-            value = percentile(values, q)
-            metrics[f"{label}_{name}_ms"] = None if value is None else value * 1000
+            metrics[f"{label}_{name}_ms"] = percentile(values, q) * 1000 if values else None
     return metrics

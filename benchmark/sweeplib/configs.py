@@ -76,10 +76,9 @@ def server_command(config: str, setup: ServerSetup) -> list[str]:
 
 
 def memory_flags(index: int, count: int, max_total_tokens: int) -> tuple[str, ...]:
-    """Flags of the ``index``-th of ``count`` servers started one after another on one GPU: one KV cap
-    for all, and a static memory fraction rising by start order from 0.35 to 0.85, since sglang sizes
-    a pool from the memory free at its start (0.35 / 0.60 / 0.85 held 120k tokens each for three
-    8B-shaped servers on an H200)."""
+    """Flags of the ``index``-th of ``count`` servers started one after another on one GPU: one KV cap for all, and a
+    static memory fraction rising by start order from 0.35 to 0.85, since sglang sizes a pool from the memory free at
+    its start (0.35 / 0.60 / 0.85 held 120k tokens each for three 8B-shaped servers on an H200)."""
     fraction = FIRST_MEMORY_FRACTION + (LAST_MEMORY_FRACTION - FIRST_MEMORY_FRACTION) * index / max(count - 1, 1)
     return ("--mem-fraction-static", f"{fraction:.2f}", "--max-total-tokens", str(max_total_tokens))
 

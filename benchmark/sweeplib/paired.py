@@ -38,8 +38,7 @@ def wave_of_run(run: dict) -> Wave:
 def quartiles(values: list[float]) -> tuple[float, float, float]:
     if len(values) < 2:
         return (values[0],) * 3
-    low, middle, high = statistics.quantiles(values, n=4)
-    return low, middle, high
+    return tuple(statistics.quantiles(values, n=4))
 
 
 def geometric_mean_interval(ratios: list[float]) -> tuple[float, float, float]:
@@ -66,10 +65,8 @@ def pair_summary(pairs: list[dict[str, Wave]], first: str, other: str) -> dict:
         "ttft_ratio_geometric_mean_ci95": geometric_mean_interval(ttft),
         "throughput_ratio_geometric_mean_ci95": geometric_mean_interval(throughput),
         "pairs_other_ttft_lower": sum(ratio < 1 for ratio in ttft),
-        "median_ttft_ms": {name: statistics.median(pair[name].median_ttft_ms for pair in complete)
-                           for name in (first, other)},
-        "median_throughput": {name: statistics.median(pair[name].throughput for pair in complete)
-                              for name in (first, other)},
+        **{key: {name: statistics.median(getattr(pair[name], field) for pair in complete) for name in (first, other)}
+           for key, field in (("median_ttft_ms", "median_ttft_ms"), ("median_throughput", "throughput"))},
     }
 
 
@@ -94,15 +91,12 @@ def pair_table(rows: list[tuple[object, dict]], first: str, other: str, label: s
         if not summary["pairs"]:
             lines.append(f"| {key} | 0 |" + " n/a |" * 7)
             continue
-        ttft = " / ".join(f"{value:.3f}" for value in summary["median_ttft_ratio_quartiles"])
-        throughput = " / ".join(f"{value:.3f}" for value in summary["throughput_ratio_quartiles"])
         ms, tps = summary["median_ttft_ms"], summary["median_throughput"]
-        (t_low, t_mean, t_high), (o_low, o_mean, o_high) = (summary[f"{name}_ratio_geometric_mean_ci95"]
-                                                             for name in ("ttft", "throughput"))
-        lines.append(f"| {key} | {summary['pairs']} | {ttft} | {t_mean:.3f} [{t_low:.3f}, {t_high:.3f}] | "
-                     f"{throughput} | {o_mean:.3f} [{o_low:.3f}, {o_high:.3f}] | "
-                     f"{summary['pairs_other_ttft_lower']} | {ms[first]:.1f} / {ms[other]:.1f} | "
-                     f"{tps[first]:.0f} / {tps[other]:.0f} |")
+        ratios = [" / ".join(f"{value:.3f}" for value in summary[f"{quartiles}_ratio_quartiles"])
+                  + " | {1:.3f} [{0:.3f}, {2:.3f}]".format(*summary[f"{name}_ratio_geometric_mean_ci95"])
+                  for quartiles, name in (("median_ttft", "ttft"), ("throughput", "throughput"))]
+        lines.append(f"| {key} | {summary['pairs']} | {' | '.join(ratios)} | {summary['pairs_other_ttft_lower']} | "
+                     f"{ms[first]:.1f} / {ms[other]:.1f} | {tps[first]:.0f} / {tps[other]:.0f} |")
     return lines
 
 

@@ -1,7 +1,6 @@
-"""Markdown reports of result documents (results.py): waves of the paired schedule in paired.py's
-table; runs in a grid, a row per workload (per concurrency, or workload and concurrency, in the
-former sweep.py's and interleaved.py's files), a column per configuration, rounds averaged.
-"""
+"""Markdown reports of result documents (results.py): waves of the paired schedule in paired.py's table; runs in a grid,
+a row per workload (per concurrency, or workload and concurrency, in the former sweep.py's and interleaved.py's files),
+a column per configuration, rounds averaged."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ def metric_grid(document: dict, metric: str) -> dict:
 
 
 def ratio_to_best_other(values: dict[str, float], config: str) -> float | None:
-    """values[config] over the largest value of any other configuration; None if there is none
-    or it is not positive."""
+    """values[config] over the largest value of any other configuration; None if there is none or it is not positive."""
     others = [value for name, value in values.items() if name != config]
     return values[config] / max(others) if others and max(others) > 0 else None
 
@@ -70,9 +68,11 @@ def _number(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+def _markdown_table(header: list[str], rows, empty: str | None = None) -> list[str]:
+    """The rows that are not None under the header; ``empty``, where given, instead of a table without rows."""
+    rows = [row for row in rows if row is not None]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+    return [empty] if empty is not None and not rows else lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 def _grid_table(document: dict, grid: dict, cell) -> list[str]:
@@ -90,11 +90,9 @@ def throughput_table(document: dict, metric: str = "output_throughput", digits: 
         values = grid[key]
         if config not in values:
             return "-"
-        number = f"{values[config]:.{digits}f}"
-        if config == max(values, key=values.get) and len(values) > 1:
-            number = f"**{number}**"
+        bold = "**" if config == max(values, key=values.get) and len(values) > 1 else ""
         ratio = ratio_to_best_other(values, config)
-        return number if ratio is None else f"{number} ({ratio:.2f}x)"
+        return f"{bold}{values[config]:.{digits}f}{bold}" + ("" if ratio is None else f" ({ratio:.2f}x)")
 
     return _grid_table(document, grid, cell)
 
@@ -121,11 +119,6 @@ def ratio_table(document: dict, baselines: tuple[str, ...]) -> list[str]:
     return _markdown_table(["config", "ratio of"] + [str(key) for key in keys],
                            [[config, label] + [_number(ratios.get(key), 3) for key in keys]
                             for config, label, ratios in rows])
-
-
-def _run_table(header: list[str], rows, empty: str) -> list[str]:
-    rows = [row for row in rows if row is not None]
-    return _markdown_table(header, rows) if rows else [empty]
 
 
 def mode_counter_row(run: dict) -> list[str] | None:
@@ -208,12 +201,12 @@ def grid_markdown(document: dict) -> str:
          *throughput_table(document, "accept_length", 2)],
         ["## EAGLE3_DYNAMIC mode counters (change over each run)", "", "From the state after bench_serving's "
          "(first) warm-up request to the end of the run, idle gaps included.", "",
-         *_run_table(["config", row_header(document), "share of speculative steps", "spec steps",
-                      "requests per spec step", "plain steps", "switches to plain", "switches to spec", "probes",
-                      "catch-up tokens", "accept length in spec steps (this run)",
-                      "mean accept length (server lifetime)", "counters reset"],
-                     map(mode_counter_row, results.successful_runs(document)),
-                     "No run reported EAGLE3_DYNAMIC mode counters (`dynamic_eagle` in /server_info).")],
+         *_markdown_table(["config", row_header(document), "share of speculative steps", "spec steps",
+                           "requests per spec step", "plain steps", "switches to plain", "switches to spec", "probes",
+                           "catch-up tokens", "accept length in spec steps (this run)",
+                           "mean accept length (server lifetime)", "counters reset"],
+                          map(mode_counter_row, results.successful_runs(document)),
+                          "No run reported EAGLE3_DYNAMIC mode counters (`dynamic_eagle` in /server_info).")],
         *([f"## Round by round: {DYNAMIC} against {baseline}", "", *paired.pair_table(paired.round_pairs(
             document["runs"], baseline, DYNAMIC), baseline, DYNAMIC, "workload")]
           for baseline in (PLAIN, EAGLE3) if {baseline, DYNAMIC} <= {r["config"] for r in document["runs"]}
@@ -222,8 +215,8 @@ def grid_markdown(document: dict) -> str:
             [row_header(document), "config", "round", "status", "output tok/s", "TTFT p50 (ms)", "spec steps",
              "plain steps"], [every_run_row(run) for run in document["runs"]])],
         ["## Decode-step traces (`SGLANG_DYNAMIC_EAGLE_TRACE`, split by workload)", "",
-         *_run_table(["config", "workload", "round", "file", "lines", "decode steps by mode"],
-                     map(trace_row, document["runs"]), "None.")],
+         *_markdown_table(["config", "workload", "round", "file", "lines", "decode steps by mode"],
+                          map(trace_row, document["runs"]), "None.")],
         ["## Servers", "", *_markdown_table(
             ["config", "status", "startup (s)", "KV pool (tokens)", "effective max running requests",
              "EAGLE3_DYNAMIC policy (from /server_info)"],

@@ -1,9 +1,8 @@
-"""The result document: {"schema_version": 2, "sources": [{created (UTC), command_line, gpu,
-sglang_version, git_commit, settings}], "configs": {name: server record}, "runs": [{config, workload,
-round, status, error, started_at, ended_at, metrics, segments: [{bench: bench_serving's result line
-without its per-request lists, requests: {ok, output_len, ttft_s, tpot_s, e2e_s}}], mode_counters,
-trace}]}. Schema 1 (the former sweep.py, interleaved.py, paired.py) has runs by concurrency with
-bench_serving's metrics only, or waves ("pairs"), and "sources" of several runs merged."""
+"""The result document: {"schema_version": 2, "sources": [{created (UTC), command_line, gpu, sglang_version, git_commit,
+settings}], "configs": {name: server record}, "runs": [{config, workload, round, status, error, started_at, ended_at,
+metrics, segments: [{bench: bench_serving's result line without its per-request lists, requests: {ok, output_len,
+ttft_s, tpot_s, e2e_s}}], mode_counters, trace}]}. Schema 1 (the former sweep.py, interleaved.py, paired.py) has runs by
+concurrency with bench_serving's metrics only, or waves ("pairs"), and "sources" of several runs merged."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def first_output_line(command: list[str]) -> str | None:
     """The first non-empty line a command prints, or None where it fails or does not exist."""
     try:
-        output = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True,
-                                cwd=REPO_ROOT).stdout
+        output = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True, cwd=REPO_ROOT).stdout
     except (subprocess.SubprocessError, OSError):
         return None
     return next((line.strip() for line in output.splitlines() if line.strip()), None)
@@ -95,8 +93,7 @@ def split_trace(trace: Path, runs: list[dict], out_dir: Path, prefix: str) -> No
     windows: dict[str, list[tuple[float, float]]] = {}
     for run in (run for run in runs if run.get("started_at")):
         windows.setdefault(run["workload"], []).append((run["started_at"], run["ended_at"]))
-    step_times: dict[int, float] = {}
-    last_t = -math.inf
+    step_times, last_t = {}, -math.inf  # a step's time; the time of the line before
     chosen: dict[str, list[str]] = {name: [] for name in windows}
     modes: dict[str, dict[str, int]] = {name: {} for name in windows}
     for text in trace.read_text().splitlines() if trace.exists() else []:
@@ -123,8 +120,7 @@ def split_trace(trace: Path, runs: list[dict], out_dir: Path, prefix: str) -> No
 # internal_states[0] of /server_info (python/sglang_dynamic_eagle/engine/worker.py, report(); the top
 # level is accepted too), counters and static facts of the server (thresholds, graph sizes).
 COUNTERS_KEY = "dynamic_eagle"
-COUNTER_FIELDS = ("speculative_steps", "plain_steps", "switches_to_plain", "switches_to_speculative",
-                  "catchup_tokens")
+COUNTER_FIELDS = ("speculative_steps", "plain_steps", "switches_to_plain", "switches_to_speculative", "catchup_tokens")
 # Counters that newer plugin versions add; their deltas are reported when both snapshots have them.
 OPTIONAL_COUNTER_FIELDS = ("plain_graph_steps", "catchup_forwards", "catchup_truncated_tokens", "catchup_gpu_ms",
                            "speculative_verified_requests", "speculative_accepted_tokens", "prefill_batches",
@@ -143,10 +139,8 @@ def find_mode_counters(server_info: dict | None, complete: bool = True) -> dict 
         return None
     candidates = [server_info.get(COUNTERS_KEY)] + [
         state.get(COUNTERS_KEY) for state in server_info.get("internal_states") or [] if isinstance(state, dict)]
-    for counters in candidates:
-        if isinstance(counters, dict) and (not complete or all(field in counters for field in COUNTER_FIELDS)):
-            return dict(counters)
-    return None
+    return next((dict(counters) for counters in candidates if isinstance(counters, dict) and (
+        not complete or all(field in counters for field in COUNTER_FIELDS))), None)
 
 
 def counter_delta(before: dict | None, after: dict | None) -> dict | None:
@@ -158,19 +152,16 @@ def counter_delta(before: dict | None, after: dict | None) -> dict | None:
     if before is None or after is None or not all(f in before and f in after for f in COUNTER_FIELDS):
         return None
     was_reset = any(after[field] < before[field] for field in COUNTER_FIELDS)
-    probes = tuple(f for f in after if "probe" in f and type(after[f]) in (int, float) and type(before.get(f)) in (
-        int, float))
+    probes = tuple(f for f in after if "probe" in f and all(type(c.get(f)) in (int, float) for c in (before, after)))
     fields = COUNTER_FIELDS + tuple(f for f in OPTIONAL_COUNTER_FIELDS + probes if f in before and f in after)
     delta = {field: after[field] if was_reset else after[field] - before[field] for field in fields}
-    steps = delta["speculative_steps"] + delta["plain_steps"]
-    delta["speculative_step_fraction"] = delta["speculative_steps"] / steps if steps else None
+    spec_steps, verified = delta["speculative_steps"], delta.get("speculative_verified_requests")
+    steps = spec_steps + delta["plain_steps"]
+    delta["speculative_step_fraction"] = spec_steps / steps if steps else None
     delta["counters_reset_during_run"] = was_reset
     delta[MEAN_ACCEPT_FIELD] = after.get(MEAN_ACCEPT_FIELD)
-    verified = delta.get("speculative_verified_requests")
     delta[RUN_ACCEPT_FIELD] = delta["speculative_accepted_tokens"] / verified if verified else None
-    spec_steps = delta["speculative_steps"]
-    delta[RUN_SPECULATIVE_BATCH_FIELD] = (
-        verified / spec_steps if verified is not None and spec_steps else None)
+    delta[RUN_SPECULATIVE_BATCH_FIELD] = verified / spec_steps if verified is not None and spec_steps else None
     return delta
 
 

@@ -45,8 +45,7 @@ def log_tail(path: Path, lines: int) -> str:
         return ""
     with path.open(errors="replace") as log:
         last = deque(log, maxlen=lines)
-    return "".join(line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + " [...]\n"
-                   for line in last)
+    return "".join(line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + " [...]\n" for line in last)
 
 
 def start_server(config: str, command: list[str], env: dict[str, str], log_path: Path,

@@ -48,10 +48,6 @@ class Options:
     min_prompts: int = 4
 
 
-def closed(concurrency: int, input_len: int, output_len: int, prompts: int) -> Segment:
-    return Segment(input_len, output_len, prompts, concurrency=concurrency)
-
-
 def _number(text: str, name: str, kind=int):
     try:
         value = kind(text)
@@ -92,7 +88,7 @@ def workload(name: str, options: Options = Options()) -> list[Workload]:
         concurrency, _, lengths = parameter.partition("@")
         input_text, _, output_text = (lengths or "512x256").partition("x")
         c, input_len, output_len = (_number(text, name) for text in (concurrency, input_text, output_text))
-        segments = (closed(c, input_len, output_len, max(options.min_prompts, options.waves * c)),)
+        segments = (Segment(input_len, output_len, max(options.min_prompts, options.waves * c), concurrency=c),)
     elif kind == "poisson" and parameter:
         rate_text, _, seconds = parameter.partition("@")
         rate = _number(rate_text, name, float)
@@ -102,10 +98,11 @@ def workload(name: str, options: Options = Options()) -> list[Workload]:
         size = _number(parameter, name) if parameter else 64
         segments = tuple(Segment(**MIXED, prompts=size, idle_s=options.idle_s * (i < 2)) for i in range(3))
     elif name == "load-step":
-        segments = (Segment(**MIXED, prompts=30, rate=2.0), closed(128, 512, 256, 256), Segment(idle_s=options.idle_s))
+        segments = (Segment(**MIXED, prompts=30, rate=2.0), Segment(512, 256, 256, concurrency=128),
+                    Segment(idle_s=options.idle_s))
     elif kind == "long" and parameter:
         c = _number(parameter, name)
-        segments = (closed(c, 8192, 256, max(4, min(2 * c, 32))),)
+        segments = (Segment(8192, 256, max(4, min(2 * c, 32)), concurrency=c),)
     elif name == "warmup":
         segments = (Segment(1024, 64, 32, concurrency=32, range_ratio=0.25),)
     else:
