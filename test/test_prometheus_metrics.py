@@ -133,10 +133,12 @@ def test_every_exported_metric_is_in_the_worker_report_of_the_automatic_policy()
     assert set(COUNTERS) | set(GAUGES) <= set(report)
     registry = CollectorRegistry()
     DynamicEagleMetrics(LABELS, registry=registry).update(report, speculative=True)
-    # One verify of two requests with two drafts each: 3 tokens a request; speculation pays
-    # where 3 * (10 + 0.05 b) >= 12 + 3 b, up to b = 6: the bucket 4.
+    # One verify of two requests with two drafts each: 3 tokens a request, an estimate of 3.44
+    # (shrunk towards the full acceptance, 4); speculation pays where 3.44 * (10 + 0.05 b) >=
+    # 12 + 3 b, up to b = 7: the bucket 4.
+    assert report["acceptance_estimate"] == pytest.approx(3.4444, abs=1e-4)
     assert_samples(registry, {
-        "acceptance_estimate": 3.0, "crossover_batch": 4, "mean_accept_length": 3.0,
+        "acceptance_estimate": 3.4444, "crossover_batch": 4, "mean_accept_length": 3.0,
         "speculative_steps_total": 1, "plain_steps_total": 1,
     })
 
