@@ -316,6 +316,19 @@ def test_exploration_stays_within_its_budget() -> None:
     assert result.ms - plain_ms <= 2 * EXPLORATION_SHARE * plain_ms + 30.0
 
 
+def test_a_lone_request_that_accepts_nothing_costs_no_more_than_the_share() -> None:
+    """One request at a time, no draft ever accepted: probes cost what the budget allows (x1.25
+    for the catch-ups). When the long-run acceptance forgot per decode step rather than per
+    verify, the prior of full acceptance held 14% of the estimate between probes: 1.4%."""
+    n = 20000
+    world = modelled_world([1] * n, [800] * n, [1.0] * n)
+    policy = modelled_policy()
+    result = simulate(policy, world, WINDOW)
+    plain_ms = float(world.plain_ms.sum())
+    assert policy.probes >= 1
+    assert result.ms - plain_ms <= 1.25 * EXPLORATION_SHARE * plain_ms
+
+
 def test_the_server_report_shows_predictions_and_measurements() -> None:
     policy = modelled_policy()
     world = MODELLED["light-acc2.2"]

@@ -168,10 +168,12 @@ def test_automatic_policy_measures_costs_and_stays_plain_without_acceptance(serv
     assert not comparison.failures
     assert report["switches_to_plain"] >= 1
     assert report["plain_steps"] > 10 * report["speculative_steps"]
-    assert report["acceptance_estimate"] < 1.2
+    # The dummy draft accepts nothing: 1 token per verify, shrunk towards the full acceptance (4)
+    # by a few pseudo-verifies (policy/step_model.py): about 1.0-1.2 after a probe at 8 requests.
+    assert report["acceptance_estimate"] < 1.5
     assert report["crossover_batch"] == 0
-    assert report["plain_cost"]["measured_buckets"] and report["speculative_cost"]["base_ms"]
-    assert all(ms > 0 for ms in report["plain_cost"]["base_ms"].values())
+    assert report["plain_cost"]["measured_buckets"] and report["speculative_cost"]["step_ms"]
+    assert all(ms > 0 for ms in report["plain_cost"]["step_ms"].values())
 
 
 def post_generate_status(server, input_ids: List[int]) -> tuple[int, str]:

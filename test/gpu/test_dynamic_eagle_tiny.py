@@ -276,7 +276,7 @@ def test_automatic_policy_is_lossless_and_reports_its_decisions(tiny_servers, ev
     assert not differences
     assert report["speculative_steps"] > 0
     assert report["acceptance_estimate"] > 1.5  # the trained draft accepts about 2.4 tokens
-    assert report["plain_cost"]["base_ms"] and report["speculative_cost"]["base_ms"]
+    assert report["plain_cost"]["step_ms"] and report["speculative_cost"]["step_ms"]
     assert report["recent_decisions"]
 
 

@@ -37,8 +37,8 @@ COUNTERS: Dict[str, str] = {
 GAUGES: Dict[str, str] = {
     "mean_accept_length": "Tokens per request per speculative verify step, bonus included "
     "(plain steps excluded).",
-    "acceptance_estimate": "Acceptance length of recent speculative steps that the automatic "
-    "policy decides with.",
+    "acceptance_estimate": "Server-wide acceptance length the automatic policy decides with: the "
+    "recent mean shrunk towards the long-run mean and the full acceptance.",
     "crossover_batch": "Largest batch size at which speculation pays, from the measured step "
     "costs and the acceptance estimate (0: nowhere).",
 }

@@ -4,11 +4,11 @@ A trace is the sequence of decode steps a server ran: batch size, KV tokens, que
 that ran, its measured time and (speculative steps) the tokens its verify yielded. The
 server writes one with ``SGLANG_DYNAMIC_EAGLE_TRACE=<file>`` (JSON lines, see
 ``observability.trace``). A :class:`World` turns it into both modes' cost of every step: a
-least-squares fit over the whole trace of each mode's timed steps (a base per CUDA-graph
-bucket, a cost per request and per KV token; stalls left out) times that mode's measured /
-fitted ratio over its nearest timed steps, alike for both modes; speculative tokens from the
-acceptance per request around the nearest verify, smoothed. The batch sequence is taken as given (a replayed policy does not change
-which requests arrive when: an approximation, the same for the policy and the oracle).
+least-squares fit of each mode's timed steps (a base per CUDA-graph bucket, a cost per request
+and per KV token; stalls left out) times the mode's measured / fitted ratio over its nearest
+timed steps at the same bucket, alike for both modes; speculative tokens from the acceptance
+around the nearest verifies. The batch sequence is taken as given (a replayed policy does not
+change which requests arrive when: an approximation, the same for the policy and the oracle).
 
 :func:`simulate` runs a policy over a world (step times reach it ``feedback_lag`` steps late,
 as on a server). Each trace step stands for its batch's demand of one token per request: a
@@ -33,7 +33,7 @@ import numpy as np
 from sglang_dynamic_eagle.policy.types import DecodeMode, StepObservation
 
 FEEDBACK_LAG_STEPS = 16  # the worker all-reduces timings of steps [s - 16, s - 8) at step s
-LOCAL_STEPS = 16  # a world corrects a mode's fit by its measured ratio over this many nearby steps
+LOCAL_STEPS = 16  # steps of a bucket whose measured / fitted ratio corrects a mode's fit
 MIN_FITTED_MS = 0.05  # a fit extrapolated below this (or below 0) costs this
 
 
@@ -99,10 +99,7 @@ def _robust_fit(points, min_samples: int = 4, stall_factor: float = 4.0):
 def _bucket(buckets: Sequence[int], batch: int) -> int:
     """The smallest bucket holding ``batch``; above the largest, the batch itself (an eager
     step without a graph)."""
-    for b in buckets:
-        if b >= batch:
-            return b
-    return batch
+    return next((b for b in buckets if b >= batch), batch)
 
 
 @dataclass
@@ -155,12 +152,17 @@ class World:
             nearest = min(base, key=lambda b: (abs(b - bucket), -b))
             return base[nearest] + per_request * s.batch + per_kv * s.kv_tokens
 
+        at = np.array([_bucket(buckets, s.batch) for s in steps])
+
         def local_ratio(mode: DecodeMode) -> np.ndarray:
-            # Measured over fitted time of the mode's nearest timed steps (stalls left out):
-            # what one line misses where the load is (26 ms at 9k KV tokens, 7.8 ms at 700).
-            timed = [(i, s.ms / m) for i, s in enumerate(steps) if s.mode is mode and s.ms
-                     and 0 < (m := fitted(mode, s)) and s.ms <= stall_factor * m]
-            return _local_mean(timed, len(steps), LOCAL_STEPS // 2)
+            # Measured over fitted time of the mode's nearest timed steps at the same graph bucket
+            # (stalls left out; 1 without any): what one line misses where the load is.
+            ratio = np.ones(len(steps))
+            for b in np.unique(at):
+                timed = [(i, s.ms / m) for i, s in enumerate(steps) if s.mode is mode and s.ms
+                         and at[i] == b and 0 < (m := fitted(mode, s)) and s.ms <= stall_factor * m]
+                ratio[at == b] = _local_mean(timed, len(steps), LOCAL_STEPS // 2)[at == b]
+            return ratio
 
         ratios = {mode: local_ratio(mode) for mode in fits}
 
@@ -176,9 +178,7 @@ class World:
             spec_ms=np.array([cost(DecodeMode.SPECULATIVE, i, s) if s.batch <= max_speculative_batch
                               else np.inf for i, s in enumerate(steps)]),
             spec_tokens=np.array([a * s.batch for s, a in zip(steps, per_request)]),
-            catchup_fixed_ms=catchup_fixed_ms,
-            catchup_per_token_ms=catchup_per_token_ms,
-        )
+            catchup_fixed_ms=catchup_fixed_ms, catchup_per_token_ms=catchup_per_token_ms)
 
 
 def _local_mean(samples: Sequence[Tuple[int, float]], length: int, half: int) -> np.ndarray:

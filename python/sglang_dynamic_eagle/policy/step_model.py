@@ -55,14 +55,15 @@ STALL_RUN = 3
 MIN_STEP_MS = 0.05
 # A request's own acceptance weighs as much as the server-wide mean after this many verifies.
 REQUEST_PRIOR_VERIFIES = 4.0
-# The server-wide acceptance mean forgets by 1 - 1/window per decode step (speculative or not):
+# The recent acceptance mean forgets by 1 - 1/window per decode step (speculative or not):
 # each step verifies the whole batch, so 16 steps hold hundreds of requests' verifies, and a
 # change of task mix shows within a fraction of a second.
 ACCEPTANCE_WINDOW_STEPS = 16
-# The recent mean is shrunk towards the long-run mean (forgetting over this many decode steps,
-# ~10 s of decoding), that towards the full acceptance, each by REQUEST_PRIOR_VERIFIES
-# pseudo-verifies: one verify of one request (0 or 1 drafts at a mean of 1.6) cannot set it.
-ACCEPTANCE_LONG_RUN_STEPS = 1024
+# The recent mean is shrunk towards the long-run mean (forgetting over this many verify steps:
+# a mostly plain server keeps its evidence), that towards the full acceptance, each by
+# REQUEST_PRIOR_VERIFIES pseudo-verifies: one verify of one request (0 or 1 drafts at a mean of
+# 1.6) cannot set it. The estimate changes at verifies only, not while plain steps run.
+ACCEPTANCE_LONG_RUN_VERIFIES = 1024
 
 
 @dataclass
@@ -302,7 +303,8 @@ class Acceptance:
         if not max_acceptance >= 1:
             raise ValueError(f"max_acceptance must be >= 1, got {max_acceptance}")
         self.max_acceptance = float(max_acceptance)
-        self._keeps = (1.0 - 1.0 / ACCEPTANCE_WINDOW_STEPS, 1.0 - 1.0 / ACCEPTANCE_LONG_RUN_STEPS)
+        self._keep_recent = 1.0 - 1.0 / ACCEPTANCE_WINDOW_STEPS  # per decode step
+        self._keep_long_run = 1.0 - 1.0 / ACCEPTANCE_LONG_RUN_VERIFIES  # per verify
         self._sums = [[0.0, 0.0], [0.0, 0.0]]  # (tokens, verified requests): recent, long-run
         self._last_step = 0
 
@@ -322,9 +324,10 @@ class Acceptance:
         if not correct_drafts_per_req:
             return
         count = len(correct_drafts_per_req)
-        for sums, keep in zip(self._sums, self._keeps):
-            decay = keep ** max(0, decode_step - self._last_step)
-            sums[0] = sums[0] * decay + sum(correct_drafts_per_req) + count
+        tokens = sum(correct_drafts_per_req) + count
+        decays = (self._keep_recent ** max(0, decode_step - self._last_step), self._keep_long_run)
+        for sums, decay in zip(self._sums, decays):
+            sums[0] = sums[0] * decay + tokens
             sums[1] = sums[1] * decay + count
         self._last_step = decode_step
 
