@@ -21,8 +21,8 @@ Each decode step (names as in ``step_model``):
    mode is measured for ``PROBE_STEPS`` steps when the budget covers the probe's predicted
    loss plus its catch-up, and the other mode could win at its best (speculation at full
    acceptance, a step at its graph-replay time): so a stale acceptance or an uncalibrated cost
-   cannot keep the better mode off, and measuring never takes more than the share of decode
-   time.
+   cannot keep the better mode off, and the loss predicted for probes never exceeds the share of
+   decode time (a probe of a mode predicted nearly as good costs little and is taken often).
 5. A batch above the largest speculative CUDA graph decodes plainly.
 
 Pure Python; deterministic in its inputs.
