@@ -146,8 +146,10 @@ def test_a_replay_world_follows_what_was_measured_near_each_step_in_both_modes()
 
     long_steps = [TraceStep(1, 9200 + i, 0, SPEC, 26.2, 3.0) for i in range(40)]
     short_steps = [TraceStep(1, 700 + i, 0, SPEC, 7.8 if i != 30 else 9.8, 3.0) for i in range(60)]
+    # Eight long requests cost less per KV token than one (44 ms at 73.6k, 9.7 ms at 5.6k).
+    eights = [TraceStep(8, kv, 0, SPEC, ms, 24.0) for kv, ms in ((73600, 44.0), (5600, 9.7)) for _ in range(30)]
     plain = [TraceStep(b, 700 * b, 0, PLAIN, 5.0 + 0.02 * b) for b in (1, 2, 4, 8, 16) for _ in range(6)]
-    world = World.from_trace(long_steps + short_steps + plain, BUCKETS, 128, catchup_per_token_ms=0.001)
+    world = World.from_trace(long_steps + short_steps + plain + eights, BUCKETS, 128, catchup_per_token_ms=0.001)
     assert world.spec_ms[0] == pytest.approx(26.2, rel=0.1)
     assert world.spec_ms[60:100] == pytest.approx([7.8] * 40, rel=0.1)
     assert abs(world.spec_ms[70] - world.spec_ms[69]) <= 2.0 / LOCAL_STEPS + 1e-6

@@ -1,11 +1,11 @@
 #!/bin/bash
 # Traffic comparison: servers up at once (equal KV pools), each workload sent to each server
-# in turn (order rotating). Usage: bash .gpu-scripts/traffic.sh "plain dynamic" "w1 w2 ..."
+# in turn (order rotating). Usage: SGLANG_OFFLINE_ENV=<offline sglang 0.5.17> bash traffic.sh "plain dynamic" "w1 w2 ..."
+# (from the repository root; vbench.py beside this script)
 CONFIGS=$1; WORKLOADS=$2
 T0=$(date +%s)
-[ -d /tmp/site/_soundfile_data ] || rm -f /tmp/site/.kit-sglang-0.5.17
-KIT_DIR=.gpu-kit source .gpu-kit/setup.sh && python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . 2>&1 | tail -2
-K=.gpu-kit
+source $SGLANG_OFFLINE_ENV/setup.sh && python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . 2>&1 | tail -2
+K=$SGLANG_OFFLINE_ENV
 COMMON="--model-path $K/models/llama8b --load-format dummy --attention-backend triton --sampling-backend pytorch --disable-prefill-cuda-graph --cuda-graph-max-bs 128 --max-total-tokens 120000"
 SPEC="--speculative-draft-model-path $K/models/eagle3-llama8b --speculative-draft-load-format dummy --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
 declare -A PORT FLAGS
@@ -26,7 +26,7 @@ for c in $CONFIGS; do
 done
 echo "servers up after $(( $(date +%s) - T0 ))s"
 rm -f $OUT/trace_plain.jsonl $OUT/trace_eagle3.jsonl
-B="python3 .gpu-scripts/vbench.py --backend sglang --dataset-name random-ids --tokenizer $K/models/llama8b --disable-tqdm --warmup-requests 1"
+B="python3 $(dirname "$0")/vbench.py --backend sglang --dataset-name random-ids --tokenizer $K/models/llama8b --disable-tqdm --warmup-requests 1"
 wl_args() {
   case $1 in
     overload40) echo "--request-rate 40 --num-prompts 320 --random-input-len 1024 --random-output-len 512 --random-range-ratio 0.05 --seed 11";;
