@@ -67,39 +67,62 @@ def config_record(command: list[str], env: dict, error: str | None = None) -> di
             "server_env": env, "startup_s": None, "max_running_requests": None, "kv_tokens": None}
 
 
+class PluginMissing(server.ServerError):
+    """The servers lack the acceptance test plugin that --acceptance and ~MIX need: nothing runs."""
+
+
 def start_group(plan: argparse.Namespace, group: tuple[str, ...], document: dict,
                 served: dict[str, server.RunningServer]) -> None:
     """Start the servers one after the other, the next once the one before has allocated its KV
     pools, then wait until all are healthy; each goes into ``served`` as it is launched, so that
-    the caller stops it whatever happens. A server that does not start is recorded and raises."""
-    launched, name = {}, ""
-    try:
-        for index, (name, port, command, env) in enumerate(group_commands(plan, group)):
-            document["configs"][name] = config_record(command, env)
-            logger.info("[%s] starting: %s", name, shlex.join(command))
-            launched[name] = time.monotonic()
+    the caller stops it whatever happens. A server that does not start is recorded
+    (failed_to_start) and the others go on; raises when none started, or when the servers lack
+    the acceptance plugin that the run needs."""
+    launched: dict[str, float] = {}
+
+    def failed(name: str, error: server.ServerError) -> None:
+        logger.error("%s", error)
+        document["configs"][name].update(status="failed_to_start", error=str(error))
+        if name in served:
+            server.stop_server(served[name])
+
+    for index, (name, port, command, env) in enumerate(group_commands(plan, group)):
+        document["configs"][name] = config_record(command, env)
+        logger.info("[%s] starting: %s", name, shlex.join(command))
+        launched[name] = time.monotonic()
+        try:
             served[name] = server.start_server(name, command, env, plan.scratch / f"{name}.log",
                                                server.base_url_of(plan.host, port))
             if index < len(group) - 1:
                 server.wait_until_kv_allocated(served[name], 1 if name == configs.PLAIN else 2, plan.server_timeout_s,
                                                ERROR_TAIL_LINES)
-        for name in group:
+        except server.ServerError as error:
+            failed(name, error)
+    for name in group:
+        if document["configs"][name]["status"] == "failed_to_start":
+            continue
+        try:
             server.wait_until_healthy(served[name], plan.server_timeout_s - (time.monotonic() - launched[name]),
                                       ERROR_TAIL_LINES)
             info = server.fetch_server_info(served[name].base_url)
             log = served[name].log_path.read_text(errors="replace")
             if plan.acceptance_file and "simulated acceptance differs by request" not in log:
-                raise server.ServerError(f"[{name}] the acceptance test plugin did not load: pip install -e "
-                                         "test/gpu/native_ops_plugin (--acceptance and ~MIX need it)")
-            kv = KV_TOKENS.search(log)
-            document["configs"][name].update(
-                status=results.RUN_OK, startup_s=time.monotonic() - launched[name], kv_tokens=kv and int(kv.group(1)),
-                max_running_requests=server.effective_max_running_requests(info),
-                dynamic_policy=results.policy_settings(results.find_mode_counters(info)))
-            logger.info("[%s] healthy, KV pool of %s tokens", name, document["configs"][name]["kv_tokens"])
-    except server.ServerError as error:
-        document["configs"][name].update(status="failed_to_start", error=str(error))
-        raise
+                raise PluginMissing(f"[{name}] the acceptance test plugin did not load: pip install -e "
+                                    "test/gpu/native_ops_plugin (--acceptance and ~MIX need it)")
+        except PluginMissing as error:
+            document["configs"][name].update(status="failed_to_start", error=str(error))
+            raise
+        except server.ServerError as error:
+            failed(name, error)
+            continue
+        kv = KV_TOKENS.search(log)
+        document["configs"][name].update(
+            status=results.RUN_OK, startup_s=time.monotonic() - launched[name], kv_tokens=kv and int(kv.group(1)),
+            max_running_requests=server.effective_max_running_requests(info),
+            dynamic_policy=results.policy_settings(results.find_mode_counters(info)))
+        logger.info("[%s] healthy, KV pool of %s tokens", name, document["configs"][name]["kv_tokens"])
+    if not any(document["configs"][name]["status"] == results.RUN_OK for name in group):
+        raise server.ServerError(f"no server of {', '.join(group)} started")
 
 
 def set_acceptance(plan: argparse.Namespace, workload: workloads.Workload | None) -> str | None:
@@ -151,7 +174,8 @@ def run_workload(plan: argparse.Namespace, client: bench.BenchClient, running: s
 def benchmark_group(plan: argparse.Namespace, group: tuple[str, ...], served: dict[str, server.RunningServer],
                     document: dict, client: bench.BenchClient, deadline: float) -> None:
     """Warm every server up (unrecorded), then each workload (and round) against each server in turn."""
-    for running, warm_up in ((running, w) for running in served.values() for w in plan.warmups):
+    for running, warm_up in ((running, w) for running in served.values() for w in plan.warmups
+                             if server.server_is_running(running)):
         run_workload(plan, client, running, warm_up, -1, 0, deadline)
     for index, workload in enumerate(plan.workloads):
         for round_index in range(plan.rounds):

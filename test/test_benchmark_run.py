@@ -183,6 +183,30 @@ def test_a_server_that_died_gets_no_more_runs_and_the_others_go_on(fakes, monkey
     assert "- run `eagle3` closed-2: failed: server not running" in (out / "report.md").read_text()
 
 
+def test_a_server_that_does_not_start_is_recorded_and_the_others_run(fakes, monkeypatch):
+    port = free_port()
+    monkeypatch.setenv("FAKE_CRASH_PORT", str(port + 1))  # the second server (eagle3) exits at start
+    out = fakes / "out"
+    assert run.main(["run", "--model-path", "m", "--draft-model-path", "d", "--port", str(port), "--out", str(out),
+                     "--workload", "closed-2", "--server-timeout-s", "20"]) == 1
+    document = json.loads((out / "results.json").read_text())
+    assert document["configs"]["eagle3"]["status"] == "failed_to_start"
+    assert "crashed while capturing" in document["configs"]["eagle3"]["error"]
+    assert {c: document["configs"][c]["status"] for c in ("plain", "dynamic")} == {"plain": "ok", "dynamic": "ok"}
+    statuses = {r["config"]: r["status"] for r in document["runs"]}
+    assert statuses == {"plain": "ok", "eagle3": "failed", "dynamic": "ok"}
+
+
+def test_a_group_where_no_server_starts_runs_nothing(fakes, monkeypatch):
+    port = free_port()
+    monkeypatch.setenv("FAKE_CRASH_PORT", str(port))
+    out = fakes / "out"
+    assert run.main(["run", "--model-path", "m", "--port", str(port), "--out", str(out), "--configs", "plain",
+                     "--workload", "closed-2", "--server-timeout-s", "20"]) == 1
+    document = json.loads((out / "results.json").read_text())
+    assert document["configs"]["plain"]["status"] == "failed_to_start" and document["runs"] == []
+
+
 def test_paired_rounds_send_the_same_prompts_to_both_servers_in_turn_and_report_pair_ratios(fakes, monkeypatch):
     out, port = fakes / "out", free_port()
     monkeypatch.setenv("FAKE_SLOW_PORT", str(port + 1))  # dynamic's server: TTFT 20 ms against 10 ms

@@ -94,3 +94,9 @@ def test_a_server_that_fails_to_start_is_stopped_and_fails_only_the_tests_that_a
         with pytest.raises(gpu_servers.lifecycle.ServerError, match="broken exited"):
             servers["broken"]
     assert stopped == ["broken"]
+
+
+def test_sglang_defaults_drop_exactly_the_backend_flags_and_their_values():
+    args = ["--model-path", "m", *gpu_servers.COMMON_SERVER_ARGS, "--max-total-tokens", "9"]
+    assert gpu_servers.with_sglang_defaults(args) == [
+        "--model-path", "m", "--cuda-graph-max-bs-decode", "128", "--max-total-tokens", "9"]

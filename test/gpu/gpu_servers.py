@@ -71,6 +71,22 @@ COMMON_SERVER_ARGS = [
     "--disable-prefill-cuda-graph",
     "--cuda-graph-max-bs-decode", "128",
 ]
+# The flags above that replace what sglang picks by itself on Hopper (fa3 attention, flashinfer
+# sampling, prefill CUDA graphs): flag -> how many values follow it.
+BACKEND_FLAGS = {"--attention-backend": 1, "--sampling-backend": 1, "--disable-prefill-cuda-graph": 0}
+
+
+def with_sglang_defaults(args: List[str]) -> List[str]:
+    """``args`` without BACKEND_FLAGS: the server runs what sglang chooses on its GPU."""
+    kept, skip = [], 0
+    for arg in args:
+        if skip:
+            skip -= 1
+        elif arg in BACKEND_FLAGS:
+            skip = BACKEND_FLAGS[arg]
+        else:
+            kept.append(arg)
+    return kept
 
 
 def free_port() -> int:

@@ -4,6 +4,8 @@ server of the same configuration, in bf16 with dummy weights drawn by the test p
 
 * ``non_overlap``: ``--disable-overlap-schedule`` (sglang drives the spec-v2 worker
   synchronously, without the future map or on_publish), 8B-shaped Llama pair;
+* ``defaults``: no attention, sampling or prefill-graph flag, what users run: on Hopper sglang
+  picks fa3 attention, flashinfer sampling and prefill CUDA graphs, 8B-shaped Llama pair;
 * ``fa3``: FlashAttention-3 attention, sglang's default on Hopper, whose plain graphs get a
   backend instance of their own built while the runner looks like a non-speculative one
   (``plain_decode_graphs``), 8B-shaped Llama pair;
@@ -48,6 +50,7 @@ from gpu_servers import (
     eagle3_args,
     make_prompts,
     send_in_waves,
+    with_sglang_defaults,
 )
 from token_comparison import reference_verdict
 
@@ -62,6 +65,7 @@ CAPACITY_REQUESTS = 96
 # configuration -> (model pair, extra flags of both servers, extra flags of the dynamic one)
 CONFIGURATIONS: Dict[str, Tuple[str, List[str], List[str]]] = {
     "non_overlap": ("llama8b", ["--disable-overlap-schedule"], []),
+    "defaults": ("llama8b", [], []),
     "fa3": ("llama8b", ["--attention-backend", "fa3"], []),
     "flashinfer": ("llama8b", ["--attention-backend", "flashinfer"], []),
     "mla_moe": ("mla_moe", [], []),
@@ -95,6 +99,8 @@ def configuration_servers(request, model_folders, tmp_path_factory) -> Iterator[
         target, draft = mla_moe_args(model_folders, tmp_path_factory.mktemp("mla_moe_pair"))
     else:
         target, draft = dummy8b_args(model_folders)
+    if request.param == "defaults":
+        target = with_sglang_defaults(target)
     # Later flags win: the extra --attention-backend replaces the common triton one.
     specs = {
         "plain": target + common_extra,
