@@ -51,12 +51,9 @@ def group_commands(plan: argparse.Namespace, group: tuple[str, ...]) -> list[tup
     result = []
     for index, name in enumerate(group):
         port = plan.port + plan.names.index(name)
-        if len(group) > 1:
-            memory = configs.memory_flags(index, len(group), plan.max_total_tokens or SHARED_GPU_MAX_TOTAL_TOKENS)
-        else:
-            memory = ("--max-total-tokens", str(plan.max_total_tokens)) if plan.max_total_tokens else ()
-        common_args = configs.set_flags(plan.setup.common_args, memory)
-        setup = dataclasses.replace(plan.setup, port=port, common_args=common_args)
+        memory = configs.memory_flags(index, len(group), plan.max_total_tokens or SHARED_GPU_MAX_TOTAL_TOKENS) if len(
+            group) > 1 else ("--max-total-tokens", str(plan.max_total_tokens)) if plan.max_total_tokens else ()
+        setup = dataclasses.replace(plan.setup, port=port, common_args=configs.set_flags(plan.setup.common_args, memory))
         trace = {TRACE_ENV: str(plan.out_dir / f"{name}_trace.jsonl")} if configs.is_dynamic(name) else {}
         result.append((name, port, configs.server_command(name, setup), {**plan.server_env, **trace}))
     return result
@@ -67,27 +64,18 @@ def config_record(command: list[str], env: dict, error: str | None = None) -> di
             "server_env": env, "startup_s": None, "max_running_requests": None, "kv_tokens": None}
 
 
-class PluginMissing(server.ServerError):
-    """The servers lack the acceptance test plugin that --acceptance and ~MIX need: nothing runs."""
+class PluginMissing(server.ServerError): """The servers lack the plugin that --acceptance and ~MIX need."""
 
 
 def start_group(plan: argparse.Namespace, group: tuple[str, ...], document: dict,
                 served: dict[str, server.RunningServer]) -> None:
     """Start the servers one after the other, the next once the one before has allocated its KV
-    pools, then wait until all are healthy; each goes into ``served`` as it is launched, so that
-    the caller stops it whatever happens. A server that does not start is recorded
-    (failed_to_start) and the others go on; raises when none started, or when the servers lack
-    the acceptance plugin that the run needs."""
-    launched: dict[str, float] = {}
-
-    def failed(name: str, error: server.ServerError) -> None:
-        logger.error("%s", error)
-        document["configs"][name].update(status="failed_to_start", error=str(error))
-        if name in served:
-            server.stop_server(served[name])
-
+    pools, then wait until all are healthy; each goes into ``served`` as it is launched, so that the
+    caller stops it whatever happens. One that does not start is recorded (failed_to_start) and
+    stopped, the others go on; raises when none started or the run's acceptance plugin is missing."""
+    launched, record = {}, document["configs"]
     for index, (name, port, command, env) in enumerate(group_commands(plan, group)):
-        document["configs"][name] = config_record(command, env)
+        record[name] = config_record(command, env)
         logger.info("[%s] starting: %s", name, shlex.join(command))
         launched[name] = time.monotonic()
         try:
@@ -97,37 +85,36 @@ def start_group(plan: argparse.Namespace, group: tuple[str, ...], document: dict
                 server.wait_until_kv_allocated(served[name], 1 if name == configs.PLAIN else 2, plan.server_timeout_s,
                                                ERROR_TAIL_LINES)
         except server.ServerError as error:
-            failed(name, error)
-    for name in group:
-        if document["configs"][name]["status"] == "failed_to_start":
-            continue
+            logger.error("%s", error)
+            record[name].update(status="failed_to_start", error=str(error))
+    for name in (n for n in group if record[n]["status"] != "failed_to_start"):
         try:
             server.wait_until_healthy(served[name], plan.server_timeout_s - (time.monotonic() - launched[name]),
                                       ERROR_TAIL_LINES)
-            info = server.fetch_server_info(served[name].base_url)
-            log = served[name].log_path.read_text(errors="replace")
+            info, log = server.fetch_server_info(served[name].base_url), served[name].log_path.read_text(errors="replace")
             if plan.acceptance_file and "simulated acceptance differs by request" not in log:
                 raise PluginMissing(f"[{name}] the acceptance test plugin did not load: pip install -e "
                                     "test/gpu/native_ops_plugin (--acceptance and ~MIX need it)")
-        except PluginMissing as error:
-            document["configs"][name].update(status="failed_to_start", error=str(error))
-            raise
         except server.ServerError as error:
-            failed(name, error)
+            record[name].update(status="failed_to_start", error=str(error))
+            if isinstance(error, PluginMissing):
+                raise
+            logger.error("%s", error)
             continue
         kv = KV_TOKENS.search(log)
-        document["configs"][name].update(
+        record[name].update(
             status=results.RUN_OK, startup_s=time.monotonic() - launched[name], kv_tokens=kv and int(kv.group(1)),
             max_running_requests=server.effective_max_running_requests(info),
             dynamic_policy=results.policy_settings(results.find_mode_counters(info)))
-        logger.info("[%s] healthy, KV pool of %s tokens", name, document["configs"][name]["kv_tokens"])
-    if not any(document["configs"][name]["status"] == results.RUN_OK for name in group):
+        logger.info("[%s] healthy, KV pool of %s tokens", name, record[name]["kv_tokens"])
+    for name in (n for n in group if record[n]["status"] == "failed_to_start" and n in served):
+        server.stop_server(served[name])  # one still starting would hold GPU memory and CPU during the runs
+    if not any(record[name]["status"] == results.RUN_OK for name in group):
         raise server.ServerError(f"no server of {', '.join(group)} started")
 
 
 def set_acceptance(plan: argparse.Namespace, workload: workloads.Workload | None) -> str | None:
-    """Write the next run's simulated acceptance (the workload's ``~MIX``, else ``--acceptance``)
-    where the servers' test plugin reads it."""
+    """Write the next run's simulated acceptance (``~MIX``, else ``--acceptance``) where the test plugin reads it."""
     mixture = plan.acceptance_file and ((workload and workload.acceptance) or plan.acceptance)
     if mixture:
         results.write_atomically(plan.acceptance_file, mixture + "\n")

@@ -406,3 +406,43 @@ def test_a_recorded_trace_carries_the_policy_that_recorded_it(tmp_path) -> None:
     assert [s.batch for s in steps] == [4, 8, 40, 8]
     assert throughput_policy_for(meta).describe() == original.describe()
     assert meta["catchup"]["per_token_ms"] == pytest.approx(1.0 / 128)
+
+
+def test_a_queue_beyond_the_largest_graphs_is_judged_at_those_graphs() -> None:
+    """Overload with fa3 (one H200, 2026-12-04): about 120 requests running on graphs up to 128,
+    dozens queued, so the batch the load heads for lies above both modes' graphs. Each mode is
+    taken at its largest graph's batch; speculation, 1.6x plain's tokens per second there, keeps
+    the batch (it had given way to plain as 'cost unknown', 60% of the steps, 21% below the
+    replay oracle on that load)."""
+    calibration = {PLAIN: {b: 4.7 + 0.03 * b for b in BUCKETS}, SPEC: {b: 8.4 + 0.06 * b for b in BUCKETS}}
+    config = ThroughputPolicyConfig(max_speculative_batch=128, max_running_requests=2048,
+                                    kv_capacity_tokens=120_000, catchup_window=WINDOW)
+    policy = new_throughput_policy(config, {PLAIN: BUCKETS, SPEC: BUCKETS}, calibration,
+                                   {PLAIN: PLAIN_KV_MS, SPEC: SPEC_KV_MS}, catchup_prior_fixed_ms=8.4,
+                                   max_acceptance=4.0)
+    modes = []
+    for step in range(1, 201):
+        modes.append(policy.decide(StepObservation(batch_size=120, kv_tokens=100_000, queued=60, step=step)))
+        policy.add_verify([2] * 120)
+    assert policy.projected_batch(StepObservation(batch_size=120, kv_tokens=100_000, queued=60)) > 128
+    assert modes.count(SPEC) >= 0.95 * len(modes)
+
+
+def test_a_replay_world_costs_no_step_below_its_graph_and_kv_lower_bound() -> None:
+    """Plain timed at one graph only, where host-bound steps of short contexts ran slower than
+    GPU-bound ones of long contexts (a fit's KV slope then comes out negative), while a load
+    speculated at other sizes: extrapolated, that fit puts plain steps of long contexts below
+    their graph's start-up timing. The world's cost is at least that timing plus the KV at the
+    bandwidth prior."""
+    from sglang_dynamic_eagle.policy.replay import TraceStep
+
+    plain = [TraceStep(b, kv, 0, PLAIN, ms) for kv, ms in ((8000, 6.0), (16000, 5.8), (32000, 5.4),
+                                                         (64000, 4.8)) for b in (5, 6, 7, 8)]
+    spec = [TraceStep(b, 1000 * b, 0, SPEC, 8.4 + 0.08 * b, 3.0 * b) for b in (8, 32, 64, 120) for _ in range(8)]
+    untimed = [TraceStep(b, 1000 * b, 0, PLAIN) for b in (32, 64, 120)]
+    steps = plain + spec + untimed
+    calibration = {b: 4.7 + 0.01 * b for b in BUCKETS}
+    world = World.from_trace(steps, BUCKETS, 128, catchup_per_token_ms=0.001,
+                             priors={PLAIN: (calibration, PLAIN_KV_MS)})
+    for i, s in enumerate(untimed, start=len(steps) - len(untimed)):
+        assert world.plain_ms[i] >= calibration[s.batch] + PLAIN_KV_MS * s.kv_tokens - 1e-9

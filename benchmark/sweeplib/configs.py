@@ -15,21 +15,15 @@ CONFIG_NAMES: tuple[str, ...] = (PLAIN, EAGLE3, ADAPTIVE, DYNAMIC, DYNAMIC_FIXED
 # EAGLE3_DYNAMIC with the fixed thresholds it shipped with before automatic switching.
 FIXED_THRESHOLD_ARGS = ("--speculative-disable-batch-threshold", "24", "--speculative-enable-batch-threshold", "16",
                         "--speculative-switch-patience", "4")
-# The GPU machine's recipe (shared/gpu/README.md): FA3 is not in its kit, flashinfer attention
-# would JIT-compile on every fresh machine, and prefill CUDA-graph capture costs ~60 s a start.
-DEFAULT_COMMON_ARGS = ("--attention-backend triton --sampling-backend pytorch --disable-prefill-cuda-graph "
-                       "--mem-fraction-static 0.80 --cuda-graph-max-bs-decode 128")
+# sglang picks the attention and sampling backends and captures prefill CUDA graphs (on Hopper: fa3, flashinfer).
+DEFAULT_COMMON_ARGS = "--mem-fraction-static 0.80 --cuda-graph-max-bs-decode 128"
 FIRST_MEMORY_FRACTION, LAST_MEMORY_FRACTION = 0.35, 0.85
 ADAPTIVE_CONFIG_FILE = "adaptive_config.json"
-# sglang's DEFAULT_ADAPTIVE_CONFIG (srt/speculative/adaptive_spec_params.py) without its 7-step
-# candidate, which crashed in CUDA-graph capture while building the steps=7 state. Keys are batch
-# sizes; a batch uses the entry of the largest key <= its (CUDA-graph padded) size.
-ADAPTIVE_CONFIG_UP_TO_3_STEPS: dict[str, dict[str, object]] = {
-    "1": {"candidate_steps": [1, 3], "up_hysteresis": 0.0, "down_hysteresis": -0.25, "ceiling_coeff": 0},
-    "8": {"candidate_steps": [0, 1, 3], "up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0},
-    "32": {"candidate_steps": [0, 1], "up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0},
-    "64": {"candidate_steps": [0], "up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0},
-}
+# sglang's DEFAULT_ADAPTIVE_CONFIG (srt/speculative/adaptive_spec_params.py) without its 7-step candidate, which
+# crashed in CUDA-graph capture; a batch uses the entry of the largest key <= its (graph padded) size.
+ADAPTIVE_CONFIG_UP_TO_3_STEPS: dict[str, dict[str, object]] = {key: {
+    "candidate_steps": steps, "up_hysteresis": 0.0, "down_hysteresis": down, "ceiling_coeff": 0} for key, steps, down in (
+    ("1", [1, 3], -0.25), ("8", [0, 1, 3], 0.0), ("32", [0, 1], 0.0), ("64", [0], 0.0))}
 
 
 @dataclass(frozen=True)
@@ -76,9 +70,8 @@ def server_command(config: str, setup: ServerSetup) -> list[str]:
 
 
 def memory_flags(index: int, count: int, max_total_tokens: int) -> tuple[str, ...]:
-    """Flags of the ``index``-th of ``count`` servers started one after another on one GPU: one KV cap for all, and a
-    static memory fraction rising by start order from 0.35 to 0.85, since sglang sizes a pool from the memory free at
-    its start (0.35 / 0.60 / 0.85 held 120k tokens each for three 8B-shaped servers on an H200)."""
+    """Flags of the ``index``-th of ``count`` servers started in turn on one GPU: one KV cap, a static memory fraction
+    rising by start order from 0.35 to 0.85 (sglang sizes a pool from the memory free at its start)."""
     fraction = FIRST_MEMORY_FRACTION + (LAST_MEMORY_FRACTION - FIRST_MEMORY_FRACTION) * index / max(count - 1, 1)
     return ("--mem-fraction-static", f"{fraction:.2f}", "--max-total-tokens", str(max_total_tokens))
 

@@ -1,23 +1,17 @@
 """Replaying decode-step traces against a policy and against the oracle (pure, CPU).
 
-A trace is the sequence of decode steps a server ran: batch size, KV tokens, queue, the mode
-that ran, its measured time and (speculative steps) the tokens its verify yielded. The
-server writes one with ``SGLANG_DYNAMIC_EAGLE_TRACE=<file>`` (JSON lines, see
-``observability.trace``). A :class:`World` turns it into both modes' cost of every step: a
-least-squares fit of each mode's timed steps (a base per CUDA-graph bucket, a cost per request
-and per KV token; stalls left out) times the mode's measured / fitted ratio over its nearest
-timed steps at the same bucket, alike for both modes; speculative tokens from the acceptance
-around the nearest verifies. The batch sequence is taken as given (a replayed policy does not
-change which requests arrive when: an approximation, the same for the policy and the oracle).
-
-:func:`simulate` runs a policy over a world (step times reach it ``feedback_lag`` steps late,
-as on a server). Each trace step stands for its batch's demand of one token per request: a
-plain step serves it in its step time, a speculative step in its step time times batch /
-tokens yielded (fewer steps are needed when each yields more), plus catch-ups. So the replay
-measures the time to serve the trace's tokens, which a policy shortens by picking the mode
-with more tokens per second. :func:`oracle_rate` finds the least such time knowing every
-cost (dynamic programming over mode and plain-run length). Regret = 1 - policy rate / oracle
-rate.
+A trace (``SGLANG_DYNAMIC_EAGLE_TRACE=<file>``, see ``observability.trace``) is the decode
+steps a server ran: batch, KV tokens, queue, mode, measured time, verified tokens. A
+:class:`World` costs every step in both modes: a least-squares fit of each mode's timed steps
+(a base per CUDA-graph bucket, a cost per request and per KV token; stalls left out), never
+below the graph's start-up timing plus the KV at the bandwidth prior, times the mode's
+measured / fitted ratio over its nearest timed steps at the same bucket; speculative tokens
+from the nearest verifies. The batch sequence is taken as given (the same approximation for
+the policy and the oracle). :func:`simulate` runs a policy over a world (step times reach it
+``feedback_lag`` steps late): each step stands for one token per request, served by a plain
+step in its time, by a speculative one in its time x batch / tokens yielded, plus catch-ups.
+:func:`oracle_rate` finds the least time knowing every cost (dynamic programming over mode
+and plain-run length). Regret = 1 - policy rate / oracle rate.
 """
 
 from __future__ import annotations
@@ -134,7 +128,9 @@ class World:
     @classmethod
     def from_trace(cls, steps: Sequence[TraceStep], buckets: Sequence[int],
                    max_speculative_batch: int, catchup_per_token_ms: float,
-                   catchup_fixed_ms: float = 0.0, stall_factor: float = 4.0) -> "World":
+                   catchup_fixed_ms: float = 0.0, stall_factor: float = 4.0,
+                   priors: Optional[Dict[DecodeMode, Tuple[Dict[int, float], float]]] = None,
+                   ) -> "World":
         buckets = sorted(buckets)
         fits = {}
         for mode in (DecodeMode.PLAIN, DecodeMode.SPECULATIVE):
@@ -147,10 +143,13 @@ class World:
         def fitted(mode: DecodeMode, s: TraceStep) -> float:
             base, per_request, per_kv = fits[mode]
             bucket = _bucket(buckets, s.batch)
-            # An unmeasured bucket: the nearest measured one's base (the per-request term
-            # carries the batch's growth).
+            # An unmeasured bucket: the nearest measured base (the per-request term carries the
+            # batch's growth); never below the graph's start-up timing plus its KV at the prior,
+            # where a fit of other sizes and contexts extrapolates below it.
             nearest = min(base, key=lambda b: (abs(b - bucket), -b))
-            return base[nearest] + per_request * s.batch + per_kv * s.kv_tokens
+            line = base[nearest] + per_request * s.batch + per_kv * s.kv_tokens
+            calibrated, prior_per_kv = (priors or {}).get(mode, ({}, 0.0))
+            return max(line, calibrated.get(bucket, 0.0) + prior_per_kv * s.kv_tokens)
 
         at = np.array([_bucket(buckets, s.batch) for s in steps])
 
@@ -230,12 +229,11 @@ def simulate(policy, world: World, catchup_window: int, catchup_max_tokens: int 
         switches += int(previous is not None and mode is not previous)
         previous = mode
         if mode is DecodeMode.SPECULATIVE:
-            catchup = world.catchup_ms(min(b * min(plain_run, catchup_window), catchup_max_tokens))
-            step_ms, step_tokens = world.spec_ms[i], world.spec_tokens[i]
-            served_ms = world.serve_ms(i)
+            catchup_tokens = min(b * min(plain_run, catchup_window), catchup_max_tokens)
+            catchup = world.catchup_ms(catchup_tokens)
+            step_ms, step_tokens, served_ms = world.spec_ms[i], world.spec_tokens[i], world.serve_ms(i)
             if catchup and hasattr(policy, "add_catchup"):
-                policy.add_catchup(min(b * min(plain_run, catchup_window), catchup_max_tokens),
-                                   catchup)
+                policy.add_catchup(catchup_tokens, catchup)
             ms += catchup
             plain_run = 0
             spec_steps += 1
@@ -321,9 +319,12 @@ def load_recorded(trace_path: Path) -> Tuple[List[TraceStep], dict]:
 def recorded_world(steps: Sequence[TraceStep], meta: dict) -> World:
     plain_buckets = sorted(meta["buckets"]["plain"] if "buckets" in meta
                            else (int(b) for b in meta["calibration"]["plain"]))
+    priors = {mode: ({int(b): ms for b, ms in meta["calibration"][mode.value].items()},
+                     meta["per_kv_token_ms"][mode.value])
+              for mode in DecodeMode if "calibration" in meta and mode.value in meta["calibration"]}
     return World.from_trace(steps, plain_buckets, meta["max_speculative_batch"],
                             catchup_per_token_ms=meta["catchup"]["per_token_ms"],
-                            catchup_fixed_ms=meta["catchup"]["fixed_ms"])
+                            catchup_fixed_ms=meta["catchup"]["fixed_ms"], priors=priors)
 
 
 def throughput_policy_for(meta: dict, per_kv_token_scale: float = 1.0):

@@ -8,7 +8,9 @@ Each decode step (names as in ``step_model``):
    the batch's mean length as the KV pool holds); its KV tokens scale with it. With no queue,
    ``b' = b``. A burst therefore leaves speculation at its first step, before the batch grows.
 2. **Both modes' rates at b'.** ``r_plain = b' / t_plain(b', K')``,
-   ``r_spec = A(b') / t_spec(b', K')``, A from the acceptance of the requests in the batch.
+   ``r_spec = A(b') / t_spec(b', K')``, A from the acceptance of the requests in the batch;
+   each mode taken at most at its largest CUDA graph's batch (what its graphs were timed at;
+   a speculative step holds no more), K' scaled alike.
 3. **Hysteresis as expected loss (CUSUM).** Staying in mode m for one step costs
    ``loss = t_m - y_m / r_other`` milliseconds (the time the other mode would have needed for
    the same tokens). ``S = max(0, S + loss)``; the mode switches once S exceeds the switch's
@@ -23,7 +25,7 @@ Each decode step (names as in ``step_model``):
    acceptance, a step at its graph-replay time): so a stale acceptance or an uncalibrated cost
    cannot keep the better mode off, and the loss predicted for probes never exceeds the share of
    decode time (a probe of a mode predicted nearly as good costs little and is taken often).
-5. A batch above the largest speculative CUDA graph decodes plainly.
+5. A batch (now, not projected) above the largest speculative CUDA graph decodes plainly.
 
 Pure Python; deterministic in its inputs.
 """
@@ -162,17 +164,20 @@ class ThroughputPolicy:
         return max(b, target)
 
     def _rates(self, obs: StepObservation, b: int, kv: float, optimistic: bool = False):
-        """Predicted (plain, speculative) step ms and tokens at batch b; optimistic: each mode
-        at its best (graph-replay time, full acceptance)."""
-        scale = b / obs.batch_size if obs.batch_size else 1.0
+        """(plain, speculative) step ms and tokens at batch b, capped as in step 2; optimistic:
+        each mode at its best (graph-replay time, full acceptance)."""
         plain_model, spec_model = self.costs[DecodeMode.PLAIN], self.costs[DecodeMode.SPECULATIVE]
+        b_plain = min(b, max(plain_model.buckets))
+        b_spec = min(b, self.config.max_speculative_batch)
+        kv_plain, kv_spec = (kv * x / b if b else kv for x in (b_plain, b_spec))
         if optimistic:
-            t_plain, t_spec = plain_model.lower_bound(b, kv), spec_model.lower_bound(b, kv)
+            t_plain, t_spec = plain_model.lower_bound(b_plain, kv_plain), spec_model.lower_bound(b_spec, kv_spec)
         else:
-            t_plain, t_spec = plain_model.predict(b, kv), spec_model.predict(b, kv)
-        y_spec = scale * self.acceptance.batch_tokens(
-            obs.batch_size, obs.verifies, obs.accepted, obs.remaining, optimistic=optimistic)
-        return t_plain, float(b), t_spec, y_spec
+            t_plain, t_spec = plain_model.predict(b_plain, kv_plain), spec_model.predict(b_spec, kv_spec)
+        y_spec = b_spec / obs.batch_size * self.acceptance.batch_tokens(
+            obs.batch_size, obs.verifies, obs.accepted, obs.remaining, optimistic=optimistic
+        ) if obs.batch_size else 0.0
+        return t_plain, float(b_plain), t_spec, y_spec
 
     def decide(self, obs: StepObservation) -> DecodeMode:
         self._step += 1
@@ -190,7 +195,7 @@ class ThroughputPolicy:
             self._budget_cap(t_plain, t_spec),
         )
 
-        spec_bucket = self.costs[DecodeMode.SPECULATIVE].bucket_of(projected)
+        spec_bucket = self.costs[DecodeMode.SPECULATIVE].bucket_of(b)
         if b == 0 or b > self.config.max_speculative_batch or spec_bucket is None:
             mode, reason = DecodeMode.PLAIN, "above speculative graphs"
             self._probe_left = 0
@@ -294,8 +299,7 @@ class ThroughputPolicy:
         }
 
     def crossover_batch(self, kv_tokens_per_request: float = 0.0) -> int:
-        """Largest speculative bucket where speculation is predicted to pay at the server-wide
-        acceptance (for logs and gauges); 0 if none."""
+        """Largest speculative bucket predicted to pay at the server-wide acceptance (0: none)."""
         acceptance = self.acceptance.server_mean or self.acceptance.max_acceptance
         plain, spec = self.costs[DecodeMode.PLAIN], self.costs[DecodeMode.SPECULATIVE]
         paying = [b for b in spec.buckets
