@@ -30,14 +30,14 @@ SUPPORTED: Dict[Capability, str] = {
     (12, 0): "SM120 Blackwell consumer / workstation (RTX 50xx, RTX PRO 6000)",
 }
 RUN_ON: Dict[Capability, str] = {
-    (9, 0): "run on one H200 with --attention-backend triton (GPU tests and benchmarks, "
-    "2026-11-29 and 2026-12-01); flashinfer and fa3 attention not run",
+    (9, 0): "run on one H200 with sglang's defaults (fa3 attention, prefill CUDA graphs) and "
+    "with triton attention; flashinfer attention lossless, not benchmarked",
     (12, 0): "not run yet",
 }
 FLAGS: Dict[Capability, Tuple[str, ...]] = {
     (9, 0): (
-        "--attention-backend triton (the one run); sglang's default on Hopper is fa3, not run "
-        "with EAGLE3_DYNAMIC",
+        "none: sglang's own choices (fa3 attention, flashinfer sampling, prefill CUDA graphs) "
+        "are the ones run",
     ),
     (12, 0): (
         "--attention-backend triton or flashinfer (FA3 is a Hopper kernel)",
