@@ -100,3 +100,15 @@ def test_sglang_defaults_drop_exactly_the_backend_flags_and_their_values():
     args = ["--model-path", "m", *gpu_servers.COMMON_SERVER_ARGS, "--max-total-tokens", "9"]
     assert gpu_servers.with_sglang_defaults(args) == [
         "--model-path", "m", "--cuda-graph-max-bs-decode", "128", "--max-total-tokens", "9"]
+
+
+def test_the_suites_run_pinned_backends_unless_told_sglangs(monkeypatch):
+    monkeypatch.delenv(gpu_servers.BACKENDS_ENV, raising=False)
+    assert gpu_servers.backend_args() == gpu_servers.COMMON_SERVER_ARGS
+    monkeypatch.setenv(gpu_servers.BACKENDS_ENV, "sglang")
+    assert gpu_servers.backend_args() == ["--cuda-graph-max-bs-decode", "128"]
+    assert gpu_servers.backend_args(float32=True) == [
+        "--attention-backend", "triton", "--cuda-graph-max-bs-decode", "128"]
+    monkeypatch.setenv(gpu_servers.BACKENDS_ENV, "fa3")
+    with pytest.raises(ValueError, match="SGLANG_DE_TEST_BACKENDS='fa3': use pinned"):
+        gpu_servers.backend_args()

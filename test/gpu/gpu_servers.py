@@ -76,6 +76,22 @@ COMMON_SERVER_ARGS = [
 BACKEND_FLAGS = {"--attention-backend": 1, "--sampling-backend": 1, "--disable-prefill-cuda-graph": 0}
 
 
+# Which backends the suites' servers run: "pinned" (the default: COMMON_SERVER_ARGS, what every
+# suite has run with) or "sglang" (sglang's own choices: on Hopper fa3 attention, flashinfer
+# sampling, prefill CUDA graphs; the float32 tiny pair keeps triton attention, fa3 has no float32).
+BACKENDS_ENV = "SGLANG_DE_TEST_BACKENDS"
+
+
+def backend_args(*, float32: bool = False) -> List[str]:
+    """COMMON_SERVER_ARGS as SGLANG_DE_TEST_BACKENDS asks (module comment above)."""
+    choice = os.environ.get(BACKENDS_ENV, "pinned")
+    if choice not in ("pinned", "sglang"):
+        raise ValueError(f"{BACKENDS_ENV}={choice!r}: use pinned (the default) or sglang")
+    if choice == "pinned":
+        return list(COMMON_SERVER_ARGS)
+    return (["--attention-backend", "triton"] if float32 else []) + with_sglang_defaults(COMMON_SERVER_ARGS)
+
+
 def with_sglang_defaults(args: List[str]) -> List[str]:
     """``args`` without BACKEND_FLAGS: the server runs what sglang chooses on its GPU."""
     kept, skip = [], 0
@@ -289,14 +305,14 @@ def tiny_pair_args(pair: Path = TINY_PAIR) -> Tuple[List[str], List[str]]:
     another folder written by models/train_tiny_pair.py), and of its EAGLE-3 draft (chain
     3/1/4)."""
     target = ["--model-path", str(pair / "target"), "--dtype", TINY_PAIR_DTYPE,
-              *COMMON_SERVER_ARGS, "--cuda-graph-max-bs-decode", "32"]
+              *backend_args(float32=TINY_PAIR_DTYPE == "float32"), "--cuda-graph-max-bs-decode", "32"]
     return target, eagle3_args(pair / "draft", dummy=False)
 
 
 def dummy8b_args(model_folders: Path) -> Tuple[List[str], List[str]]:
     """Server arguments of the 8B-shaped dummy target, and of the dummy EAGLE-3 draft for it."""
     target = ["--model-path", str(model_folders / "llama8b"), "--load-format", "dummy",
-              *COMMON_SERVER_ARGS]
+              *backend_args()]
     return target, eagle3_args(model_folders / "eagle3-llama8b", dummy=True)
 
 
