@@ -446,3 +446,32 @@ def test_a_replay_world_costs_no_step_below_its_graph_and_kv_lower_bound() -> No
                              priors={PLAIN: (calibration, PLAIN_KV_MS)})
     for i, s in enumerate(untimed, start=len(steps) - len(untimed)):
         assert world.plain_ms[i] >= calibration[s.batch] + PLAIN_KV_MS * s.kv_tokens - 1e-9
+
+
+# The same server on fa3 (sglang's default on Hopper; H200, 2026-12-04 start-up calibration):
+# a speculative step costs about 1.7x a plain one at every graph size, so the crossover moves
+# with acceptance alone (a tie near 1.8 tokens per verify).
+def fa3_plain_base(b: int) -> float:
+    return 4.7 + 0.03 * b
+
+
+def fa3_spec_base(b: int) -> float:
+    return 8.4 + 0.06 * b
+
+
+@pytest.mark.parametrize("acceptance", [1.3, 1.6, 1.8, 2.2, 3.0])
+def test_regret_on_fa3_shaped_traffic_at_several_acceptance_levels(acceptance: float) -> None:
+    n = 3000
+    batches = random_walk(n, seed=3, high=150, step=4)
+    world = synthetic_world(
+        batches, [900] * n, [acceptance] * n, [40 if b > 110 else 0 for b in batches],
+        plain_base_ms=fa3_plain_base, spec_base_ms=fa3_spec_base, plain_per_kv_token_ms=PLAIN_KV_MS,
+        spec_per_kv_token_ms=SPEC_KV_MS, max_speculative_batch=128, catchup_per_token_ms=0.0008,
+        catchup_fixed_ms=1.5, buckets=BUCKETS)
+    config = ThroughputPolicyConfig(max_speculative_batch=128, max_running_requests=2048,
+                                    kv_capacity_tokens=120_000, catchup_window=WINDOW)
+    policy = new_throughput_policy(
+        config, {PLAIN: BUCKETS, SPEC: BUCKETS},
+        {PLAIN: {b: 0.9 * fa3_plain_base(b) for b in BUCKETS}, SPEC: {b: 0.9 * fa3_spec_base(b) for b in BUCKETS}},
+        {PLAIN: PLAIN_KV_MS, SPEC: SPEC_KV_MS}, catchup_prior_fixed_ms=fa3_spec_base(1), max_acceptance=4.0)
+    assert regret(policy, world) <= MAX_REGRET
