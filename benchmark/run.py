@@ -74,10 +74,18 @@ def start_group(plan: argparse.Namespace, group: tuple[str, ...], document: dict
     caller stops it whatever happens. One that does not start is recorded (failed_to_start) and
     stopped, the others go on; raises when none started or the run's acceptance plugin is missing."""
     launched, record = {}, document["configs"]
+
+    def failed(name: str, error: server.ServerError) -> None:  # recorded and stopped (no GPU memory held)
+        record[name].update(status="failed_to_start", error=str(error))
+        if name in served:
+            server.stop_server(served[name])
+        if isinstance(error, PluginMissing):
+            raise error
+        logger.error("%s", error)
+
     for index, (name, port, command, env) in enumerate(group_commands(plan, group)):
-        record[name] = config_record(command, env)
+        record[name], launched[name] = config_record(command, env), time.monotonic()
         logger.info("[%s] starting: %s", name, shlex.join(command))
-        launched[name] = time.monotonic()
         try:
             served[name] = server.start_server(name, command, env, plan.scratch / f"{name}.log",
                                                server.base_url_of(plan.host, port))
@@ -85,8 +93,7 @@ def start_group(plan: argparse.Namespace, group: tuple[str, ...], document: dict
                 server.wait_until_kv_allocated(served[name], 1 if name == configs.PLAIN else 2, plan.server_timeout_s,
                                                ERROR_TAIL_LINES)
         except server.ServerError as error:
-            logger.error("%s", error)
-            record[name].update(status="failed_to_start", error=str(error))
+            failed(name, error)
     for name in (n for n in group if record[n]["status"] != "failed_to_start"):
         try:
             server.wait_until_healthy(served[name], plan.server_timeout_s - (time.monotonic() - launched[name]),
@@ -96,10 +103,7 @@ def start_group(plan: argparse.Namespace, group: tuple[str, ...], document: dict
                 raise PluginMissing(f"[{name}] the acceptance test plugin did not load: pip install -e "
                                     "test/gpu/native_ops_plugin (--acceptance and ~MIX need it)")
         except server.ServerError as error:
-            record[name].update(status="failed_to_start", error=str(error))
-            if isinstance(error, PluginMissing):
-                raise
-            logger.error("%s", error)
+            failed(name, error)
             continue
         kv = KV_TOKENS.search(log)
         record[name].update(
@@ -107,8 +111,6 @@ def start_group(plan: argparse.Namespace, group: tuple[str, ...], document: dict
             max_running_requests=server.effective_max_running_requests(info),
             dynamic_policy=results.policy_settings(results.find_mode_counters(info)))
         logger.info("[%s] healthy, KV pool of %s tokens", name, record[name]["kv_tokens"])
-    for name in (n for n in group if record[n]["status"] == "failed_to_start" and n in served):
-        server.stop_server(served[name])  # one still starting would hold GPU memory and CPU during the runs
     if not any(record[name]["status"] == results.RUN_OK for name in group):
         raise server.ServerError(f"no server of {', '.join(group)} started")
 
@@ -168,7 +170,7 @@ def benchmark_group(plan: argparse.Namespace, group: tuple[str, ...], served: di
         for round_index in range(plan.rounds):
             for name in run_order(group, index, round_index):
                 problem = SKIPPED if deadline - time.monotonic() < workload.expected_s() else (
-                    None if server.server_is_running(served[name]) else "server not running")
+                    None if name in served and server.server_is_running(served[name]) else "server not running")
                 if problem:
                     record = {"config": name, "workload": workload.name, "round": round_index, "error": problem,
                               "status": "skipped" if problem == SKIPPED else "failed", "metrics": {}, "segments": []}

@@ -475,3 +475,16 @@ def test_regret_on_fa3_shaped_traffic_at_several_acceptance_levels(acceptance: f
         {PLAIN: {b: 0.9 * fa3_plain_base(b) for b in BUCKETS}, SPEC: {b: 0.9 * fa3_spec_base(b) for b in BUCKETS}},
         {PLAIN: PLAIN_KV_MS, SPEC: SPEC_KV_MS}, catchup_prior_fixed_ms=fa3_spec_base(1), max_acceptance=4.0)
     assert regret(policy, world) <= MAX_REGRET
+
+
+def test_speculation_is_never_judged_above_its_largest_timed_graph() -> None:
+    """Speculative graphs captured up to 40 of a cap of 48 (a cap that is not a captured size),
+    speculation 10x dearer, 100 queued: plain, never speculation as 'cost unknown'."""
+    buckets = [1, 2, 4, 8, 16, 24, 32, 40]
+    config = ThroughputPolicyConfig(max_speculative_batch=48, max_running_requests=2048,
+                                    kv_capacity_tokens=2_000_000, catchup_window=WINDOW)
+    policy = new_throughput_policy(config, {PLAIN: BUCKETS, SPEC: buckets},
+                                   {PLAIN: {b: plain_base(b) for b in BUCKETS}, SPEC: {b: 10 * spec_base(b) for b in buckets}},
+                                   {PLAIN: PLAIN_KV_MS, SPEC: SPEC_KV_MS}, catchup_prior_fixed_ms=8.0, max_acceptance=4.0)
+    modes = [policy.decide(StepObservation(batch_size=30, kv_tokens=21_000, queued=100, step=i)) for i in range(1, 60)]
+    assert modes.count(SPEC) <= 1

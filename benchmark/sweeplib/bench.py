@@ -28,9 +28,8 @@ def segment_flags(segment: Segment, tokenizer: str, host: str, port: int, seed: 
              "--random-output-len", str(segment.output_len), "--random-range-ratio", str(segment.range_ratio),
              "--num-prompts", str(segment.prompts), "--request-rate", str(segment.rate), "--seed", str(seed),
              "--output-file", output_file, "--output-details", "--flush-cache", "--disable-tqdm"]
-    if segment.concurrency is not None:
-        flags += ["--max-concurrency", str(segment.concurrency)]
-    return flags + list(extra_args)
+    return flags + (["--max-concurrency", str(segment.concurrency)] if segment.concurrency is not None else []) + list(
+        extra_args)
 
 
 class BenchClient:

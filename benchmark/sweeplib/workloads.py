@@ -59,8 +59,7 @@ def _number(text: str, name: str, kind=int):
 
 
 def acceptance_mixture(text: str, source: str) -> str:
-    """``MEAN[:WEIGHT]`` or ``MEAN:WEIGHT/MEAN:WEIGHT...`` (``/``: ``,`` separates workloads) as the
-    test plugin's ``MEAN:WEIGHT,...``, checked before any server starts."""
+    """``MEAN[:WEIGHT]`` or ``MEAN:WEIGHT/MEAN:WEIGHT...`` as the test plugin's ``MEAN:WEIGHT,...``, checked."""
     classes = [term.split(":") for term in text.split("/")]
     try:
         means = [float(c[0]) for c in classes]

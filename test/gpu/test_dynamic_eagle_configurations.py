@@ -88,6 +88,7 @@ def mla_moe_args(model_folders: Path, out: Path) -> Tuple[List[str], List[str]]:
         capture_output=True, text=True, check=True,
     )
     target_path, draft_path = (Path(line) for line in written.stdout.split())
+    # Pinned whatever SGLANG_DE_TEST_BACKENDS says: triton is the attention that implements MLA here.
     target = ["--model-path", str(target_path), "--load-format", "dummy", *COMMON_SERVER_ARGS]
     return target, eagle3_args(draft_path, dummy=True)
 

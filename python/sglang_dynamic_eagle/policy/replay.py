@@ -91,8 +91,7 @@ def _robust_fit(points, min_samples: int = 4, stall_factor: float = 4.0):
 
 
 def _bucket(buckets: Sequence[int], batch: int) -> int:
-    """The smallest bucket holding ``batch``; above the largest, the batch itself (an eager
-    step without a graph)."""
+    """The smallest bucket holding ``batch``; above the largest, the batch itself (eager)."""
     return next((b for b in buckets if b >= batch), batch)
 
 
@@ -120,8 +119,7 @@ class World:
         return self.catchup_fixed_ms + self.catchup_per_token_ms * tokens if tokens > 0 else 0.0
 
     def part(self, first: int, end: int) -> "World":
-        """Steps ``[first, end)`` costed by the whole trace's fit (one load may hold too few
-        steps of a mode to fit it)."""
+        """Steps ``[first, end)`` costed by the whole trace's fit (a load may be too short to fit)."""
         arrays = ("batch", "kv_tokens", "queued", "plain_ms", "spec_ms", "spec_tokens")
         return replace(self, **{name: getattr(self, name)[first:end] for name in arrays})
 
@@ -141,15 +139,17 @@ class World:
             fits[mode] = _robust_fit(points)
 
         def fitted(mode: DecodeMode, s: TraceStep) -> float:
-            base, per_request, per_kv = fits[mode]
+            base, per_request, per_kv = fits[mode]  # unmeasured bucket: the nearest measured base
             bucket = _bucket(buckets, s.batch)
-            # An unmeasured bucket: the nearest measured base (the per-request term carries the
-            # batch's growth); never below the graph's start-up timing plus its KV at the prior,
-            # where a fit of other sizes and contexts extrapolates below it.
             nearest = min(base, key=lambda b: (abs(b - bucket), -b))
-            line = base[nearest] + per_request * s.batch + per_kv * s.kv_tokens
-            calibrated, prior_per_kv = (priors or {}).get(mode, ({}, 0.0))
-            return max(line, calibrated.get(bucket, 0.0) + prior_per_kv * s.kv_tokens)
+            return base[nearest] + per_request * s.batch + per_kv * s.kv_tokens
+
+        def floor(mode: DecodeMode, s: TraceStep) -> float:
+            # The mode's graph timed at start-up (above the graphs: the largest) plus its KV at the
+            # prior: a fit of other sizes and contexts can extrapolate below it.
+            calibrated, per_kv_prior = (priors or {}).get(mode, ({0: 0.0}, 0.0))
+            graph = min(_bucket(sorted(calibrated), s.batch), max(calibrated))
+            return calibrated[graph] + per_kv_prior * s.kv_tokens
 
         at = np.array([_bucket(buckets, s.batch) for s in steps])
 
@@ -166,7 +166,7 @@ class World:
         ratios = {mode: local_ratio(mode) for mode in fits}
 
         def cost(mode: DecodeMode, i: int, s: TraceStep) -> float:
-            return max(MIN_FITTED_MS, fitted(mode, s)) * float(ratios[mode][i])
+            return max(floor(mode, s), max(MIN_FITTED_MS, fitted(mode, s)) * float(ratios[mode][i]))
 
         per_request = _acceptance_per_request(steps)
         return cls(
@@ -320,7 +320,7 @@ def recorded_world(steps: Sequence[TraceStep], meta: dict) -> World:
     plain_buckets = sorted(meta["buckets"]["plain"] if "buckets" in meta
                            else (int(b) for b in meta["calibration"]["plain"]))
     priors = {mode: ({int(b): ms for b, ms in meta["calibration"][mode.value].items()},
-                     meta["per_kv_token_ms"][mode.value])
+                     meta.get("per_kv_token_ms", {}).get(mode.value, 0.0))
               for mode in DecodeMode if "calibration" in meta and mode.value in meta["calibration"]}
     return World.from_trace(steps, plain_buckets, meta["max_speculative_batch"],
                             catchup_per_token_ms=meta["catchup"]["per_token_ms"],

@@ -5,8 +5,8 @@ Each decode step (names as in ``step_model``):
 
 1. **Where the load is going.** With ``q`` requests queued, the batch the scheduler is filling
    is ``b' = min(b + q, max_running, b * kv_capacity / K)`` (the last term: as many requests of
-   the batch's mean length as the KV pool holds); its KV tokens scale with it. With no queue,
-   ``b' = b``. A burst therefore leaves speculation at its first step, before the batch grows.
+   the batch's mean length as the KV pool holds); its KV tokens scale with it (none queued:
+   ``b' = b``). A burst that plain serves faster leaves speculation at its first step.
 2. **Both modes' rates at b'.** ``r_plain = b' / t_plain(b', K')``,
    ``r_spec = A(b') / t_spec(b', K')``, A from the acceptance of the requests in the batch;
    each mode taken at most at its largest CUDA graph's batch (what its graphs were timed at;
@@ -168,7 +168,7 @@ class ThroughputPolicy:
         each mode at its best (graph-replay time, full acceptance)."""
         plain_model, spec_model = self.costs[DecodeMode.PLAIN], self.costs[DecodeMode.SPECULATIVE]
         b_plain = min(b, max(plain_model.buckets))
-        b_spec = min(b, self.config.max_speculative_batch)
+        b_spec = min(b, self.config.max_speculative_batch, max(spec_model.buckets))
         kv_plain, kv_spec = (kv * x / b if b else kv for x in (b_plain, b_spec))
         if optimistic:
             t_plain, t_spec = plain_model.lower_bound(b_plain, kv_plain), spec_model.lower_bound(b_spec, kv_spec)
