@@ -426,6 +426,8 @@ def test_a_queue_beyond_the_largest_graphs_is_judged_at_those_graphs() -> None:
         policy.add_verify([2] * 120)
     assert policy.projected_batch(StepObservation(batch_size=120, kv_tokens=100_000, queued=60)) > 128
     assert modes.count(SPEC) >= 0.95 * len(modes)
+    reasons = policy.report()["decisions_by_reason"]  # /server_info says why it chose
+    assert sum(reasons.values()) == len(modes) and "cost unknown" not in reasons
 
 
 def test_a_replay_world_costs_no_step_below_its_graph_and_kv_lower_bound() -> None:
@@ -488,3 +490,4 @@ def test_speculation_is_never_judged_above_its_largest_timed_graph() -> None:
                                    {PLAIN: PLAIN_KV_MS, SPEC: SPEC_KV_MS}, catchup_prior_fixed_ms=8.0, max_acceptance=4.0)
     modes = [policy.decide(StepObservation(batch_size=30, kv_tokens=21_000, queued=100, step=i)) for i in range(1, 60)]
     assert modes.count(SPEC) <= 1
+    assert "cost unknown" not in policy.report()["decisions_by_reason"]

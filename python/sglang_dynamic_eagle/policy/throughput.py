@@ -114,6 +114,7 @@ class ThroughputPolicy:
         self._probe_left = 0
         self.probes = 0
         self.switches = 0
+        self.reasons: Dict[str, int] = {}  # decisions by reason, for /server_info
         self._recent: Deque[Decision] = deque(maxlen=RECENT_DECISIONS)
         self._measured: Deque[Decision] = deque(maxlen=RECENT_DECISIONS)
         self._by_step: Dict[int, Decision] = {}
@@ -237,13 +238,11 @@ class ThroughputPolicy:
         return current, "stay"
 
     def _probe_cost(self, obs, projected, kv, t_plain, y_plain, t_spec, y_spec) -> Optional[float]:
-        """Predicted loss of a probe of the other mode, or None when measuring it is worthless:
-        where the prediction already favours it (that is the loss accounting's call, not
-        exploration's) or where it cannot win even at its best."""
+        """Predicted loss of a probe of the other mode; None where the prediction already favours
+        it (the loss accounting's call) or where it cannot win even at its best."""
         if (y_spec / t_spec > y_plain / t_plain) is (self._mode is DecodeMode.PLAIN):
             return None
-        best_t_plain, _, best_t_spec, best_y_spec = self._rates(obs, projected, kv,
-                                                                optimistic=True)
+        best_t_plain, _, best_t_spec, best_y_spec = self._rates(obs, projected, kv, optimistic=True)
         if self._mode is DecodeMode.PLAIN:
             if not best_t_spec or best_y_spec / best_t_spec <= y_plain / t_plain:
                 return None
@@ -274,6 +273,7 @@ class ThroughputPolicy:
             self._loss_ms = 0.0
         self._mode = mode
         self._plain_run = self._plain_run + 1 if mode is DecodeMode.PLAIN else 0
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
         decision = Decision(
             step=obs.step or self._step, mode=mode, batch=obs.batch_size, projected_batch=projected,
             kv_tokens=obs.kv_tokens, queued=obs.queued, plain_tok_per_s=1000 * r_plain,
@@ -322,6 +322,7 @@ class ThroughputPolicy:
             "max_speculative_graph_batch": self.config.max_speculative_batch,
             "probes": self.probes,
             "policy_switches": self.switches,
+            "decisions_by_reason": dict(self.reasons),
             "exploration_budget_ms": round(self._budget_ms, 3),
             "acceptance_estimate": round(server_mean, 4) if server_mean is not None else 0.0,
             "prediction_error": round(error, 4) if error is not None else 0.0,
@@ -329,8 +330,7 @@ class ThroughputPolicy:
             "speculative_cost": self.costs[DecodeMode.SPECULATIVE].report(),
             "catchup_ms_per_100_tokens": round(self.catchup.predict(100), 3),
             # The latest decisions whose step time came back, then the latest one.
-            "recent_decisions": [d.as_dict() for d in self._measured]
-            + [d.as_dict() for d in list(self._recent)[-1:]],
+            "recent_decisions": [d.as_dict() for d in [*self._measured, *list(self._recent)[-1:]]],
         }
 
 def new_throughput_policy(
