@@ -1,0 +1,89 @@
+"""What a decode-step trace says, for an operator: ``sglang-dynamic-eagle trace FILE``.
+
+A server started with ``SGLANG_DYNAMIC_EAGLE_TRACE=FILE`` records every decode step
+(``observability.trace``). This reads it back: per time window (``--windows N`` equal spans of
+the trace), the steps of each mode by batch range with their measured time (median) and output
+tokens per second (plain: one token per request; speculative: the tokens its verifies yielded),
+so a slowdown, a mode held where the other served more, or a batch range never measured shows
+at a glance. With the trace's configuration line, the policy is replayed on the trace against
+the best mode choice knowing both modes' costs (``policy.replay``): how far below it the
+policy's choices are, and speculating always or never for comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import statistics
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy, ThresholdPolicyConfig
+from sglang_dynamic_eagle.policy.replay import (load_recorded, oracle_rate, recorded_world, simulate,
+                                                throughput_policy_for)
+
+BATCH_RANGES: Tuple[Tuple[int, Optional[int]], ...] = ((1, 8), (9, 32), (33, 128), (129, None))
+REPLAY_WINDOW = 256  # catch-up window of the replay (the server's default)
+
+
+def _range_of(batch: int) -> Tuple[int, str]:
+    index, (low, high) = next((i, r) for i, r in enumerate(BATCH_RANGES) if r[1] is None or batch <= r[1])
+    return index, f"{low}-{high}" if high is not None else f">= {low}"
+
+
+def summary_rows(text: str, windows: int = 1) -> List[Dict[str, object]]:
+    """One row per (window, mode, batch range) with steps: steps, timed steps, median step ms,
+    tokens per second over the timed ones (None without any)."""
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    steps = [r for r in records if r.get("k") == "step"]
+    if not steps:
+        raise ValueError("no decode steps in the trace (is it a SGLANG_DYNAMIC_EAGLE_TRACE file?)")
+    times = {r["step"]: r["ms"] for r in records if r.get("k") == "time"}
+    tokens = {r["step"]: r["tokens"] for r in records if r.get("k") == "verify"}
+    start, end = min(s["t"] for s in steps), max(s["t"] for s in steps)
+    span = (end - start) / windows or 1.0
+    groups: Dict[Tuple[int, str, Tuple[int, str]], List[dict]] = {}
+    for step in steps:
+        window = min(int((step["t"] - start) / span), windows - 1)
+        groups.setdefault((window, step["mode"], _range_of(step["b"])), []).append(step)
+    rows = []
+    for (window, mode, (_, batches)), chosen in sorted(groups.items()):
+        plain = mode == DecodeMode.PLAIN.value
+        timed = [s for s in chosen if s["step"] in times and (plain or s["step"] in tokens)]
+        ms = [times[s["step"]] for s in timed]
+        served = sum(s["b"] if plain else tokens[s["step"]] for s in timed)
+        rows.append({"window_s": round(window * span), "mode": mode, "batch": batches, "steps": len(chosen),
+                     "timed": len(timed), "median_ms": round(statistics.median(ms), 2) if ms else None,
+                     "tokens_per_s": round(1000 * served / sum(ms)) if ms else None})
+    return rows
+
+
+def replay_regrets(path: Path) -> Optional[Dict[str, float]]:
+    """Below the best mode choice (0.05 = 5% fewer tokens per second), for the policy the trace's
+    configuration builds and for speculating always / never; None without a configuration line."""
+    try:
+        steps, meta = load_recorded(path)
+    except ValueError:
+        return None
+    world = recorded_world(steps, meta)
+    best = oracle_rate(world, REPLAY_WINDOW)
+    top = meta["max_speculative_batch"]
+    policies = {"policy": throughput_policy_for(meta),
+                "always speculate": ThresholdPolicy(ThresholdPolicyConfig(0, 0, 1, top)),
+                "never speculate": ThresholdPolicy(ThresholdPolicyConfig(1, 0, 1, top),
+                                                   initial_mode=DecodeMode.PLAIN)}
+    return {name: 1.0 - simulate(policy, world, REPLAY_WINDOW).rate / best for name, policy in policies.items()}
+
+
+def render(path: Path, windows: int = 1, replay: bool = True) -> str:
+    text = lzma.open(path, "rt").read() if str(path).endswith(".xz") else Path(path).read_text()
+    rows = summary_rows(text, windows)
+    columns: Sequence[str] = ("window_s", "mode", "batch", "steps", "timed", "median_ms", "tokens_per_s")
+    lines = [f"Decode steps of {path}:", "", "| " + " | ".join(columns) + " |",
+             "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join("-" if row[c] is None else str(row[c]) for c in columns) + " |" for row in rows]
+    regrets = replay_regrets(Path(path)) if replay else None
+    if regrets is not None:
+        lines += ["", "Replayed below the best mode choice per step: " + ", ".join(
+            f"{name} {100 * value:.1f}%" for name, value in regrets.items())]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,63 @@
+"""`sglang-dynamic-eagle trace FILE`: a decode-step trace summarised for an operator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sglang_dynamic_eagle.doctor import main
+from sglang_dynamic_eagle.observability.trace_summary import render, summary_rows
+
+TRACES = Path(__file__).parent / "data" / "traces"
+
+
+def trace_text(steps) -> str:
+    """(t, mode, batch, ms, verified tokens) per step as the server writes them."""
+    lines = []
+    for n, (t, mode, batch, ms, tokens) in enumerate(steps, start=1):
+        lines.append({"k": "step", "step": n, "t": t, "mode": mode, "b": batch, "kv": 900 * batch, "q": 0})
+        if ms is not None:
+            lines.append({"k": "time", "step": n, "ms": ms})
+        if tokens is not None:
+            lines.append({"k": "verify", "step": n, "tokens": tokens, "requests": batch})
+    return "\n".join(json.dumps(line) for line in lines) + "\n"
+
+
+def test_rows_by_window_mode_and_batch_range() -> None:
+    steps = ([(0.01 * i, "speculative", 4, 8.0, 12) for i in range(10)]
+             + [(10 + 0.01 * i, "speculative", 4, 12.0, 12) for i in range(10)]
+             + [(10.5, "plain", 100, 10.0, None), (10.6, "plain", 100, None, None)])
+    rows = summary_rows(trace_text(steps), windows=2)
+    by_key = {(r["window_s"], r["mode"], r["batch"]): r for r in rows}
+    assert by_key[(0, "speculative", "1-8")]["median_ms"] == 8.0
+    assert by_key[(0, "speculative", "1-8")]["tokens_per_s"] == 1500  # 12 tokens in 8 ms
+    late = by_key[(5, "speculative", "1-8")]
+    assert (late["steps"], late["median_ms"], late["tokens_per_s"]) == (10, 12.0, 1000)
+    plain = by_key[(5, "plain", "33-128")]
+    assert (plain["steps"], plain["timed"], plain["tokens_per_s"]) == (2, 1, 10000)
+    assert len(summary_rows(trace_text(steps), windows=1)) == 2  # one window: the two kinds
+
+
+def test_a_recorded_trace_is_replayed_against_the_best_choice() -> None:
+    text = render(TRACES / "h200-dummy8b-fa3-defaults.jsonl.xz", windows=2)
+    assert "| 0 | speculative | 9-32 |" in text
+    assert "Replayed below the best mode choice per step: policy 0.1%" in text
+    assert "never speculate" in text
+
+
+def test_the_command_line(tmp_path, capsys) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_text(trace_text([(0.0, "plain", 2, 5.0, None)]))
+    assert main(["trace", str(path)]) == 0
+    assert "| 0 | plain | 1-8 | 1 | 1 | 5.0 | 400 |" in capsys.readouterr().out  # no config: no replay
+    for argv, message in ((["trace", str(tmp_path / "missing")], "trace: no file"),
+                          (["trace", str(path), "--windows", "0"], "--windows 0: give 1 or more")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert message in capsys.readouterr().err
+    (tmp_path / "other.jsonl").write_text('{"k": "config"}\n')
+    with pytest.raises(SystemExit):
+        main(["trace", str(tmp_path / "other.jsonl")])
+    assert "no decode steps in the trace" in capsys.readouterr().err
