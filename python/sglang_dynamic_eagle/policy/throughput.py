@@ -58,11 +58,9 @@ class ThroughputPolicyConfig:
     catchup_max_tokens: int = 8192  # most positions one catch-up redoes over all requests
 
     def __post_init__(self) -> None:
-        check_int_at_least("max_speculative_batch", self.max_speculative_batch, 1)
-        check_int_at_least("max_running_requests", self.max_running_requests, 1)
-        check_int_at_least("kv_capacity_tokens", self.kv_capacity_tokens, 1)
-        check_int_at_least("catchup_window", self.catchup_window, 1)
-        check_int_at_least("catchup_max_tokens", self.catchup_max_tokens, 1)
+        for name in ("max_speculative_batch", "max_running_requests", "kv_capacity_tokens",
+                     "catchup_window", "catchup_max_tokens"):
+            check_int_at_least(name, getattr(self, name), 1)
 
     def catchup_tokens(self, batch_size: int, plain_run: int) -> int:
         """Positions a catch-up redoes after ``plain_run`` plain steps of ``batch_size``."""
@@ -115,6 +113,9 @@ class ThroughputPolicy:
         self.probes = 0
         self.switches = 0
         self.reasons: Dict[str, int] = {}  # decisions by reason, for /server_info
+        # Largest batch each mode's graphs were timed at (step 2 of the module docstring).
+        self._largest = (self.costs[DecodeMode.PLAIN].buckets[-1], min(
+            config.max_speculative_batch, self.costs[DecodeMode.SPECULATIVE].buckets[-1]))
         self._recent: Deque[Decision] = deque(maxlen=RECENT_DECISIONS)
         self._measured: Deque[Decision] = deque(maxlen=RECENT_DECISIONS)
         self._by_step: Dict[int, Decision] = {}
@@ -168,8 +169,7 @@ class ThroughputPolicy:
         """(plain, speculative) step ms and tokens at batch b, capped as in step 2; optimistic:
         each mode at its best (graph-replay time, full acceptance)."""
         plain_model, spec_model = self.costs[DecodeMode.PLAIN], self.costs[DecodeMode.SPECULATIVE]
-        b_plain = min(b, max(plain_model.buckets))
-        b_spec = min(b, self.config.max_speculative_batch, max(spec_model.buckets))
+        b_plain, b_spec = min(b, self._largest[0]), min(b, self._largest[1])
         kv_plain, kv_spec = (kv * x / b if b else kv for x in (b_plain, b_spec))
         if optimistic:
             t_plain, t_spec = plain_model.lower_bound(b_plain, kv_plain), spec_model.lower_bound(b_spec, kv_spec)
