@@ -9,6 +9,7 @@ import pytest
 
 from sglang_dynamic_eagle.doctor import main
 from sglang_dynamic_eagle.observability.trace_summary import render, summary_rows
+from sglang_dynamic_eagle.policy.replay import load_trace
 
 TRACES = Path(__file__).parent / "data" / "traces"
 
@@ -29,7 +30,7 @@ def test_rows_by_window_mode_and_batch_range() -> None:
     steps = ([(0.01 * i, "speculative", 4, 8.0, 12) for i in range(10)]
              + [(10 + 0.01 * i, "speculative", 4, 12.0, 12) for i in range(10)]
              + [(10.5, "plain", 100, 10.0, None), (10.6, "plain", 100, None, None)])
-    rows = summary_rows(trace_text(steps), windows=2)
+    rows = summary_rows(load_trace(Path('-'), trace_text(steps)), windows=2)
     by_key = {(r["window_s"], r["mode"], r["batch"]): r for r in rows}
     assert by_key[(0, "speculative", "1-8")]["median_ms"] == 8.0
     assert by_key[(0, "speculative", "1-8")]["tokens_per_s"] == 1500  # 12 tokens in 8 ms
@@ -37,7 +38,7 @@ def test_rows_by_window_mode_and_batch_range() -> None:
     assert (late["steps"], late["median_ms"], late["tokens_per_s"]) == (10, 12.0, 1000)
     plain = by_key[(5, "plain", "33-128")]
     assert (plain["steps"], plain["timed"], plain["tokens_per_s"]) == (2, 1, 10000)
-    assert len(summary_rows(trace_text(steps), windows=1)) == 2  # one window: the two kinds
+    assert len(summary_rows(load_trace(Path('-'), trace_text(steps)), windows=1)) == 2  # one window: the two kinds
 
 
 def test_a_recorded_trace_is_replayed_against_the_best_choice() -> None:

@@ -12,15 +12,13 @@ policy's choices are, and speculating always or never for comparison.
 
 from __future__ import annotations
 
-import json
-import lzma
 import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy, ThresholdPolicyConfig
-from sglang_dynamic_eagle.policy.replay import (load_recorded, oracle_rate, recorded_world, simulate,
-                                                throughput_policy_for)
+from sglang_dynamic_eagle.policy.replay import (TraceStep, load_recorded, load_trace, oracle_rate,
+                                                recorded_world, simulate, throughput_policy_for)
 
 BATCH_RANGES: Tuple[Tuple[int, Optional[int]], ...] = ((1, 8), (9, 32), (33, 128), (129, None))
 REPLAY_WINDOW = 256  # catch-up window of the replay (the server's default)
@@ -31,30 +29,25 @@ def _range_of(batch: int) -> Tuple[int, str]:
     return index, f"{low}-{high}" if high is not None else f">= {low}"
 
 
-def summary_rows(text: str, windows: int = 1) -> List[Dict[str, object]]:
+def summary_rows(steps: Sequence[TraceStep], windows: int = 1) -> List[Dict[str, object]]:
     """One row per (window, mode, batch range) with steps: steps, timed steps, median step ms,
     tokens per second over the timed ones (None without any)."""
-    records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    steps = [r for r in records if r.get("k") == "step"]
     if not steps:
         raise ValueError("no decode steps in the trace (is it a SGLANG_DYNAMIC_EAGLE_TRACE file?)")
-    times = {r["step"]: r["ms"] for r in records if r.get("k") == "time"}
-    tokens = {r["step"]: r["tokens"] for r in records if r.get("k") == "verify"}
-    start, end = min(s["t"] for s in steps), max(s["t"] for s in steps)
+    start, end = min(s.t for s in steps), max(s.t for s in steps)
     span = (end - start) / windows or 1.0
-    groups: Dict[Tuple[int, str, Tuple[int, str]], List[dict]] = {}
+    groups: Dict[Tuple[int, DecodeMode, Tuple[int, str]], List[TraceStep]] = {}
     for step in steps:
-        window = min(int((step["t"] - start) / span), windows - 1)
-        groups.setdefault((window, step["mode"], _range_of(step["b"])), []).append(step)
+        window = min(int((step.t - start) / span), windows - 1)
+        groups.setdefault((window, step.mode, _range_of(step.batch)), []).append(step)
     rows = []
-    for (window, mode, (_, batches)), chosen in sorted(groups.items()):
-        plain = mode == DecodeMode.PLAIN.value
-        timed = [s for s in chosen if s["step"] in times and (plain or s["step"] in tokens)]
-        ms = [times[s["step"]] for s in timed]
-        served = sum(s["b"] if plain else tokens[s["step"]] for s in timed)
-        rows.append({"window_s": round(window * span), "mode": mode, "batch": batches, "steps": len(chosen),
-                     "timed": len(timed), "median_ms": round(statistics.median(ms), 2) if ms else None,
-                     "tokens_per_s": round(1000 * served / sum(ms)) if ms else None})
+    for (window, mode, (_, batches)), chosen in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1].value, g[0][2])):
+        plain = mode is DecodeMode.PLAIN
+        timed = [s for s in chosen if s.ms and (plain or s.spec_tokens)]
+        served = sum(s.batch if plain else s.spec_tokens for s in timed)
+        rows.append({"window_s": round(window * span), "mode": mode.value, "batch": batches, "steps": len(chosen),
+                     "timed": len(timed), "median_ms": round(statistics.median(s.ms for s in timed), 2) if timed else None,
+                     "tokens_per_s": round(1000 * served / sum(s.ms for s in timed)) if timed else None})
     return rows
 
 
@@ -76,8 +69,7 @@ def replay_regrets(path: Path) -> Optional[Dict[str, float]]:
 
 
 def render(path: Path, windows: int = 1, replay: bool = True) -> str:
-    text = lzma.open(path, "rt").read() if str(path).endswith(".xz") else Path(path).read_text()
-    rows = summary_rows(text, windows)
+    rows = summary_rows(load_trace(Path(path)), windows)
     columns: Sequence[str] = ("window_s", "mode", "batch", "steps", "timed", "median_ms", "tokens_per_s")
     lines = [f"Decode steps of {path}:", "", "| " + " | ".join(columns) + " |",
              "|" + " --- |" * len(columns)]

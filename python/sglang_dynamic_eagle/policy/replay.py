@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import lzma
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -39,15 +39,15 @@ class TraceStep:
     mode: DecodeMode  # the mode that ran
     ms: Optional[float] = None  # measured time of the step (None: not timed)
     spec_tokens: Optional[float] = None  # tokens a verify yielded (speculative steps)
+    t: float = field(default=0.0, compare=False)  # when it was decided (the server's clock, s)
 
 
 def load_trace(path: Path, text: Optional[str] = None) -> List[TraceStep]:
-    """A server's trace file (or its ``text``): ``step`` lines, ``time`` and ``verify`` lines
-    joined by step."""
+    """A server's trace file (or its ``text``): ``step``, ``time`` and ``verify`` lines joined by step."""
     steps: Dict[int, dict] = {}
     times: Dict[int, float] = {}
     tokens: Dict[int, float] = {}
-    for rec in (json.loads(line) for line in (text or Path(path).read_text()).splitlines() if line.strip()):
+    for rec in (json.loads(line) for line in (text or _read_text(Path(path))).splitlines() if line.strip()):
         kind = rec.get("k")
         if kind == "step":
             steps[rec["step"]] = rec
@@ -57,7 +57,7 @@ def load_trace(path: Path, text: Optional[str] = None) -> List[TraceStep]:
             tokens[rec["step"]] = rec["tokens"]
     return [
         TraceStep(batch=r["b"], kv_tokens=r["kv"], queued=r.get("q", 0),
-                  mode=DecodeMode(r["mode"]), ms=times.get(n), spec_tokens=tokens.get(n))
+                  mode=DecodeMode(r["mode"]), ms=times.get(n), spec_tokens=tokens.get(n), t=r.get("t", 0.0))
         for n, r in sorted(steps.items())
     ]
 
