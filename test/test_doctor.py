@@ -149,7 +149,7 @@ def test_a_machine_without_an_nvidia_gpu_gets_the_launcher_s_line(tmp_path: Path
 
 @pytest.mark.skipif(missing_nvidia_gpu() is None, reason="this machine has an NVIDIA GPU")
 def test_console_script_runs_without_a_gpu() -> None:
-    proc = subprocess.run([sys.executable, "-m", "sglang_dynamic_eagle.doctor", "doctor"],
+    proc = subprocess.run([sys.executable, "-m", "sglang_dynamic_eagle.cli", "doctor"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     first = proc.stdout.splitlines()[0]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import sglang_dynamic_eagle
-from sglang_dynamic_eagle import doctor
+from sglang_dynamic_eagle import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = sglang_dynamic_eagle.__version__
@@ -38,7 +38,7 @@ def test_the_installed_metadata_carries_that_version() -> None:
 
 def test_version_flag(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        doctor.main(["--version"])
+        cli.main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out == f"sglang-dynamic-eagle {VERSION}\n"
 

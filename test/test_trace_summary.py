@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dynamic_eagle.doctor import main
+from sglang_dynamic_eagle.cli import main
 from sglang_dynamic_eagle.observability.trace_summary import render, summary_rows
 from sglang_dynamic_eagle.policy.replay import load_trace
 

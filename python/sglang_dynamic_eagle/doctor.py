@@ -11,16 +11,13 @@ launcher refuses EAGLE3_DYNAMIC with on such a machine (``gpu_check``).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import struct
-import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from sglang_dynamic_eagle import __version__
 from sglang_dynamic_eagle.sglang_compat.gpu_check import missing_nvidia_gpu
 
 Capability = Tuple[int, int]
@@ -177,32 +174,3 @@ def doctor(torch_module=None, package_dir: Optional[Path] = None, home: Optional
     for line in lines:
         out(line)
     return status
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="sglang-dynamic-eagle")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("doctor", help=__doc__.splitlines()[0].split(": ", 1)[1])
-    trace = commands.add_parser("trace", help="summarise a decode-step trace (SGLANG_DYNAMIC_EAGLE_TRACE)")
-    trace.add_argument("file", help="the trace file (.xz read compressed)")
-    trace.add_argument("--windows", type=int, default=1, help="equal time spans to split it into (default 1)")
-    trace.add_argument("--no-replay", action="store_true", help="skip replaying the policy on it")
-    args = parser.parse_args(argv)
-    if args.command == "trace":
-        from sglang_dynamic_eagle.observability.trace_summary import render
-
-        if not Path(args.file).is_file():
-            parser.error(f"trace: no file {args.file!r}; give the SGLANG_DYNAMIC_EAGLE_TRACE file")
-        if args.windows < 1:
-            parser.error(f"trace: --windows {args.windows}: give 1 or more")
-        try:
-            print(render(Path(args.file), args.windows, replay=not args.no_replay), end="")
-        except ValueError as error:
-            parser.error(f"trace: {error}")
-        return 0
-    return doctor()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
