@@ -1,7 +1,6 @@
 #!/usr/bin/env python3
-"""The serving benchmark: plain decoding, EAGLE3, adaptive EAGLE3 and EAGLE3_DYNAMIC on named
-workloads (`run`: serve, drive with sglang.bench_serving, write results.json and report.md;
-`report`: the report of saved results again). See benchmark/README.md."""
+"""The serving benchmark: plain, EAGLE3, adaptive EAGLE3 and EAGLE3_DYNAMIC on named workloads (`run`: serve, drive
+with sglang.bench_serving, write results.json and report.md; `report`: report saved results). See benchmark/README.md."""
 
 from __future__ import annotations
 

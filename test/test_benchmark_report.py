@@ -100,6 +100,19 @@ def test_mode_counters_show_each_runs_change_and_its_probes():
     assert (row["spec steps"], row["plain steps"], row["probes"]) == ("20", "5", "policy_probes 3")
     assert (row["share of speculative steps"], row["requests per spec step"]) == ("80.0%", "3.0")
     assert row["accept length in spec steps (this run)"] == "3.00"
+    assert row["host µs per step: worker / spec step / plain step"] == "- / - / -"  # older plugins
+
+
+def test_mode_counters_show_host_microseconds_per_step_of_each_part():
+    dynamic = traffic_run("dynamic", "poisson-4", 0.01, [0.01])
+    host_before = {"host_dispatch_ms": 10.0, "host_speculative_step_ms": 100.0, "host_plain_step_ms": 50.0}
+    host_after = {"host_dispatch_ms": 12.5, "host_speculative_step_ms": 160.0, "host_plain_step_ms": 60.0}
+    dynamic["mode_counters"] = {"before": {**SPEC_COUNTS_BEFORE, **host_before},
+                                "after": {**SPEC_COUNTS_AFTER, **host_after}, "delta": None}
+    table = section(report.render_markdown(traffic_document([dynamic])), "EAGLE3_DYNAMIC mode counters")
+    row = dict(zip(cells(table[0]), cells(table[2])))
+    # 20 speculative and 5 plain steps: 2.5 ms / 25, 60 ms / 20, 10 ms / 5
+    assert row["host µs per step: worker / spec step / plain step"] == "100 / 3000 / 2000"
 
 
 def test_problems_name_failed_runs_and_unequal_kv_pools():

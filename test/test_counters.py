@@ -30,6 +30,9 @@ ZERO_SNAPSHOT: Dict[str, Union[int, float]] = {
     "max_plain_batch": 0,
     "max_speculative_batch": 0,
     "mismatched_results": 0,
+    "host_dispatch_ms": 0.0,
+    "host_speculative_step_ms": 0.0,
+    "host_plain_step_ms": 0.0,
 }
 
 
@@ -51,6 +54,15 @@ def test_fresh_counters_snapshot_is_all_zero() -> None:
     counters = ModeCounters()
     assert counters.snapshot() == ZERO_SNAPSHOT
     assert counters.mean_accept_length == 0.0
+
+
+def test_host_seconds_add_up_per_part_in_milliseconds() -> None:
+    counters = ModeCounters()
+    counters.record_host(SPEC, 0.0001, 0.002)
+    counters.record_host(PLAIN, 0.0002, 0.0015)
+    counters.record_host(None, 0.00005)  # result processing: dispatch only
+    assert counters.snapshot() == _snapshot_with(
+        host_dispatch_ms=0.35, host_speculative_step_ms=2.0, host_plain_step_ms=1.5)
 
 
 def test_snapshot_keys_do_not_leak_the_pending_queue() -> None:
@@ -249,6 +261,9 @@ def test_snapshot_reports_every_counter_and_rounds_accept_length() -> None:
         "max_plain_batch": 31,
         "max_speculative_batch": 3,
         "mismatched_results": 0,
+        "host_dispatch_ms": 0.0,
+        "host_speculative_step_ms": 0.0,
+        "host_plain_step_ms": 0.0,
     }
 
 

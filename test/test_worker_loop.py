@@ -386,6 +386,42 @@ def test_mode_property_reports_the_latest_step(worker) -> None:
     assert worker.mode is PLAIN
 
 
+class FakeClock:
+    """``perf_counter`` for the worker: time moves only when a test's stand-in says."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_host_time_splits_into_dispatch_and_each_modes_step(worker, monkeypatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr("sglang_dynamic_eagle.engine.worker.perf_counter", clock)
+    eagle_step, plain_run = EAGLEWorkerV2.forward_batch_generation, worker._plain_step.run
+    policy_decide = worker._policy.decide
+
+    def slow(seconds, call):
+        def run(*args, **kwargs):
+            clock.now += seconds
+            return call(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation", slow(0.004, eagle_step))
+    monkeypatch.setattr(worker._plain_step, "run", slow(0.002, plain_run))
+    monkeypatch.setattr(worker._policy, "decide", slow(0.0001, policy_decide))
+    decode(worker, [0])  # speculative
+    decode(worker, range(10))  # plain
+    decode(worker, range(10))  # plain
+    prefill(worker, [11])  # EAGLE's path: not a decode step
+    worker.on_verify_complete_cpu([2])  # the speculative step's result: no clock time here
+    snapshot = worker.counters.snapshot()
+    assert snapshot["host_speculative_step_ms"] == pytest.approx(4.0)
+    assert snapshot["host_plain_step_ms"] == pytest.approx(4.0)
+    assert snapshot["host_dispatch_ms"] == pytest.approx(0.3)
+
+
 def test_grammar_batches_run_without_overlap() -> None:
     # The plain step never calls the scheduler's grammar barrier; sglang passes it only when
     # the algorithm supports grammar overlap, which EAGLE3 does and EAGLE3_DYNAMIC must not.

@@ -1,6 +1,5 @@
-"""Markdown reports of result documents (results.py): waves of the paired schedule in paired.py's table; runs in a grid,
-a row per workload (per concurrency, or workload and concurrency, in the former sweep.py's and interleaved.py's files),
-a column per configuration, rounds averaged."""
+"""Markdown reports of result documents (results.py): runs in a grid, a row per workload (per concurrency, or workload
+and concurrency, in older files), a column per configuration, rounds averaged; paired rounds in paired.py's table."""
 
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ def ratio_to_best_other(values: dict[str, float], config: str) -> float | None:
 
 def ratio_to_baselines(values: dict[str, float], config: str, lower_is_better: bool = False,
                        baselines: tuple[str, ...] = (PLAIN, EAGLE3)) -> float | None:
-    """values[config] over the better of the baselines (the larger value, the smaller for
-    latencies); None without all of them."""
+    """values[config] over the better of the baselines (the smaller for latencies); None without all of them."""
     if config not in values or any(name not in values for name in baselines):
         return None
     best = (min if lower_is_better else max)(values[name] for name in baselines)
@@ -122,16 +120,17 @@ def ratio_table(document: dict, baselines: tuple[str, ...]) -> list[str]:
 
 
 def mode_counter_row(run: dict) -> list[str] | None:
-    delta = results.run_delta(run.get("mode_counters"))
-    if not delta:
+    if not (delta := results.run_delta(run.get("mode_counters"))):
         return None
-    fraction = delta["speculative_step_fraction"]
+    fraction, spec, plain = delta["speculative_step_fraction"], delta["speculative_steps"], delta["plain_steps"]
+    host = " / ".join(_number(1000 * delta[f] / n if f in delta and n else None, 0) for f, n in zip(
+        results.HOST_MS_FIELDS, (spec + plain, spec, plain)))
     return [run["config"], str(row_key(run)), "-" if fraction is None else f"{100 * fraction:.1f}%",
-            str(delta["speculative_steps"]), _number(delta.get(results.RUN_SPECULATIVE_BATCH_FIELD)),
-            str(delta["plain_steps"]), str(delta["switches_to_plain"]), str(delta["switches_to_speculative"]),
+            str(spec), _number(delta.get(results.RUN_SPECULATIVE_BATCH_FIELD)), str(plain),
+            str(delta["switches_to_plain"]), str(delta["switches_to_speculative"]),
             ", ".join(f"{k} {v}" for k, v in delta.items() if "probe" in k) or "-", str(delta["catchup_tokens"]),
             _number(delta.get(results.RUN_ACCEPT_FIELD), 2), _number(delta["mean_accept_length"], 2),
-            "yes" if delta["counters_reset_during_run"] else "no"]
+            "yes" if delta["counters_reset_during_run"] else "no", host]
 
 
 def every_run_row(run: dict) -> list[str]:
@@ -204,7 +203,8 @@ def grid_markdown(document: dict) -> str:
          *_markdown_table(["config", row_header(document), "share of speculative steps", "spec steps",
                            "requests per spec step", "plain steps", "switches to plain", "switches to spec", "probes",
                            "catch-up tokens", "accept length in spec steps (this run)",
-                           "mean accept length (server lifetime)", "counters reset"],
+                           "mean accept length (server lifetime)", "counters reset",
+                           "host µs per step: worker / spec step / plain step"],
                           map(mode_counter_row, results.successful_runs(document)),
                           "No run reported EAGLE3_DYNAMIC mode counters (`dynamic_eagle` in /server_info).")],
         *([f"## Round by round: {DYNAMIC} against {baseline}", "", *paired.pair_table(paired.round_pairs(

@@ -125,6 +125,7 @@ COUNTER_FIELDS = ("speculative_steps", "plain_steps", "switches_to_plain", "swit
 OPTIONAL_COUNTER_FIELDS = ("plain_graph_steps", "catchup_forwards", "catchup_truncated_tokens", "catchup_gpu_ms",
                            "speculative_verified_requests", "speculative_accepted_tokens", "prefill_batches",
                            "prefill_tokens", "prefill_target_gpu_ms", "prefill_draft_gpu_ms", "mismatched_results")
+OPTIONAL_COUNTER_FIELDS += (HOST_MS_FIELDS := ("host_dispatch_ms", "host_speculative_step_ms", "host_plain_step_ms"))
 MEAN_ACCEPT_FIELD = "mean_accept_length"
 RUN_ACCEPT_FIELD = "speculative_accept_length"
 RUN_SPECULATIVE_BATCH_FIELD = "mean_speculative_batch"

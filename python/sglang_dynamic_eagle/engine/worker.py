@@ -21,7 +21,8 @@ sglang's step is built once the graphs are captured (``startup``).
 from __future__ import annotations
 
 import logging
-from typing import Dict, Optional
+from time import perf_counter
+from typing import Dict, Optional, Tuple
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -89,9 +90,11 @@ class DynamicEagleWorker(EAGLEWorkerV2):
     def on_verify_complete_cpu(
         self, num_correct_drafts_per_req: list[int], batch_size: int = 0
     ) -> None:
+        start = perf_counter()
         if self.counters.record_result(num_correct_drafts_per_req) is DecodeMode.SPECULATIVE:
             self.request_acceptance.verified(num_correct_drafts_per_req)
             self._feed.verified(self.counters.verified_step, num_correct_drafts_per_req)
+        self.counters.record_host(None, perf_counter() - start)
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
 
     def forward_batch_generation(
@@ -107,17 +110,19 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         if batch.forward_mode.is_idle():
             return super().forward_batch_generation(batch, on_publish, grammar_barrier)
 
+        start = perf_counter()
         self._decode_step += 1
         observation = observe(batch, self.queued, self.request_acceptance, self._decode_step,
                               self._feed.per_request_up_to)
         mode = self._decide(observation)
-        result = self._decode(mode, batch, on_publish, grammar_barrier)
+        result, step_s = self._decode(mode, batch, on_publish, grammar_barrier)
         self._last_step_plain = mode is DecodeMode.PLAIN
         self.counters.record_step(mode, observation.batch_size,
                                   ran_graph=bool(result.can_run_cuda_graph), step=self._decode_step)
         self._harvest_catchup_timings()
         self._timings.step_done(self._decode_step, mode, observation.batch_size,
                                 observation.kv_tokens)
+        self.counters.record_host(mode, perf_counter() - start - step_s, step_s)
         return result
 
     # -- the steps -------------------------------------------------------
@@ -131,16 +136,20 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             lambda publish: eagle_forward(batch, publish, grammar_barrier))
 
     def _decode(self, mode: DecodeMode, batch: ScheduleBatch, on_publish,
-                grammar_barrier) -> GenerationBatchResult:
+                grammar_barrier) -> Tuple[GenerationBatchResult, float]:
+        """The mode's step, and the host seconds it took (a speculative step's with its
+        catch-up)."""
+        start = perf_counter()
         if mode is DecodeMode.PLAIN:
-            return self._plain_step.run(batch, on_publish)
+            return self._plain_step.run(batch, on_publish), perf_counter() - start
         plan = self._catchup.catch_up(self._draft_worker, batch, self.plan_stream)
         if plan is not None:
             self._timings.interrupt()
             self._timings.catchup_launched(self._decode_step, plan.num_tokens)
             self.counters.record_catchup(plan.num_tokens, plan.truncated_tokens)
         self.request_acceptance.launched(batch.reqs)
-        return super().forward_batch_generation(batch, on_publish, grammar_barrier)
+        result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
+        return result, perf_counter() - start
 
     def _decide(self, observation: StepObservation) -> DecodeMode:
         previous = self._policy.mode

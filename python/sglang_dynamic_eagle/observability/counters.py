@@ -33,6 +33,14 @@ class ModeCounters:
     mismatched_results: int = 0
     # The decode step (worker's index) of the latest result attributed by record_result.
     verified_step: int = 0
+    # Host (CPU) seconds of the scheduler thread, decode steps only: the worker's own work
+    # around a step (its view of the batch, the policy, bookkeeping, its part of result
+    # processing), and each mode's step (its launches, a speculative step's with its catch-up;
+    # with overlap scheduling the GPU runs behind them). When a step's host period exceeds its GPU time, these
+    # are what the step costs; compare them with the step times in the policy's report.
+    host_dispatch_s: float = 0.0
+    host_step_s: Dict[DecodeMode, float] = field(
+        default_factory=lambda: {DecodeMode.PLAIN: 0.0, DecodeMode.SPECULATIVE: 0.0})
     _pending_modes: Deque[Tuple[DecodeMode, int, int]] = field(default_factory=deque, repr=False)
 
     def record_step(self, mode: DecodeMode, batch_size: int, *, ran_graph: bool,
@@ -46,6 +54,14 @@ class ModeCounters:
             self.speculative_steps += 1
             self.max_speculative_batch = max(self.max_speculative_batch, batch_size)
         self._pending_modes.append((mode, batch_size, step))
+
+    def record_host(self, mode: Optional[DecodeMode], dispatch_s: float, step_s: float = 0.0
+                    ) -> None:
+        """Host seconds of one decode step's dispatch and of its mode's step call (mode None:
+        dispatch work outside a step, e.g. result processing)."""
+        self.host_dispatch_s += dispatch_s
+        if mode is not None:
+            self.host_step_s[mode] += step_s
 
     def record_switch(self, new_mode: DecodeMode) -> None:
         if new_mode == DecodeMode.PLAIN:
@@ -100,6 +116,9 @@ class ModeCounters:
             "max_plain_batch": self.max_plain_batch,
             "max_speculative_batch": self.max_speculative_batch,
             "mismatched_results": self.mismatched_results,
+            "host_dispatch_ms": round(1000 * self.host_dispatch_s, 3),
+            "host_speculative_step_ms": round(1000 * self.host_step_s[DecodeMode.SPECULATIVE], 3),
+            "host_plain_step_ms": round(1000 * self.host_step_s[DecodeMode.PLAIN], 3),
         }
 
     def log_line(self) -> str:

@@ -31,6 +31,10 @@ COUNTERS: Dict[str, str] = {
     "prefill_tokens": "Prompt tokens of those prefill batches.",
     "prefill_target_gpu_ms": "GPU milliseconds of their target extends.",
     "prefill_draft_gpu_ms": "GPU milliseconds of their draft extends (the draft's prefill cost).",
+    "host_dispatch_ms": "Host milliseconds of EAGLE3_DYNAMIC's own work on decode steps (batch "
+    "view, policy, bookkeeping, result processing).",
+    "host_speculative_step_ms": "Host milliseconds inside speculative steps (launches, catch-ups).",
+    "host_plain_step_ms": "Host milliseconds inside plain steps (launches).",
 }
 
 # Report key -> help text; exported as Prometheus gauges `<prefix><key>` (0 where not reported).

@@ -47,6 +47,7 @@ EXPLORATION_SHARE = 0.01
 PROBE_STEPS = 7
 EXPLORATION_CAP_PROBES = 2.0  # the budget saves up for two probes at most, not a burst
 RECENT_DECISIONS = 16  # decisions kept for /server_info
+_OTHER = {DecodeMode.PLAIN: DecodeMode.SPECULATIVE, DecodeMode.SPECULATIVE: DecodeMode.PLAIN}
 
 
 @dataclass(frozen=True)
@@ -228,13 +229,13 @@ class ThroughputPolicy:
             switch_cost = 0.0
         self._loss_ms = max(0.0, self._loss_ms + loss)
         if self._loss_ms > switch_cost:
-            return self._other(current), "predicted gain"
+            return _OTHER[current], "predicted gain"
         probe = self._probe_cost(obs, projected, kv, t_plain, y_plain, t_spec, y_spec)
         if probe is not None and probe <= self._budget_ms:
             self._budget_ms -= probe
             self._probe_left = PROBE_STEPS - 1
             self.probes += 1
-            return self._other(current), "probe"
+            return _OTHER[current], "probe"
         return current, "stay"
 
     def _probe_cost(self, obs, projected, kv, t_plain, y_plain, t_spec, y_spec) -> Optional[float]:
@@ -242,18 +243,21 @@ class ThroughputPolicy:
         it (the loss accounting's call) or where it cannot win even at its best."""
         if (y_spec / t_spec > y_plain / t_plain) is (self._mode is DecodeMode.PLAIN):
             return None
+        # A probe's loss is at least its catch-up: with less saved, no need to price the rest.
+        catchup = (self._catchup_ms(obs.batch_size) if self._mode is DecodeMode.PLAIN else
+                   self.catchup.predict(self.config.catchup_tokens(obs.batch_size, PROBE_STEPS)))
+        if catchup > self._budget_ms:
+            return None
         best_t_plain, _, best_t_spec, best_y_spec = self._rates(obs, projected, kv, optimistic=True)
         if self._mode is DecodeMode.PLAIN:
             if not best_t_spec or best_y_spec / best_t_spec <= y_plain / t_plain:
                 return None
             per_step = max(0.0, t_spec - y_spec * t_plain / y_plain)
-            return PROBE_STEPS * per_step + self._catchup_ms(obs.batch_size)
+            return PROBE_STEPS * per_step + catchup
         if not best_t_plain or y_plain / best_t_plain <= y_spec / t_spec:
             return None
         per_step = max(0.0, t_plain - y_plain * t_spec / y_spec) if y_spec > 0 else 0.0
-        # Returning pays the catch-up of the probe's plain steps.
-        return PROBE_STEPS * per_step + self.catchup.predict(
-            self.config.catchup_tokens(obs.batch_size, PROBE_STEPS))
+        return PROBE_STEPS * per_step + catchup  # returning pays the probe's catch-up
 
     def _catchup_ms(self, batch_size: int) -> float:
         return self.catchup.predict(self.config.catchup_tokens(batch_size, self._plain_run))
@@ -262,10 +266,6 @@ class ThroughputPolicy:
         step = max(t_plain or 0.0, t_spec or 0.0)
         return EXPLORATION_CAP_PROBES * (PROBE_STEPS * step + self.catchup.predict(
             self.config.catchup_tokens(self.config.max_speculative_batch, PROBE_STEPS)))
-
-    @staticmethod
-    def _other(mode: DecodeMode) -> DecodeMode:
-        return DecodeMode.PLAIN if mode is DecodeMode.SPECULATIVE else DecodeMode.SPECULATIVE
 
     def _record(self, obs, projected, mode, reason, r_plain, r_spec, predicted) -> None:
         if mode is not self._mode:

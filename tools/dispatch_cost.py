@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Host time of EAGLE3_DYNAMIC's own work per decode step, on this machine's CPU, over a decode
+trace's batches: the worker's view of the batch (``observe``), the policy's decision, the counters
+and the results handed back (acceptance records, the policy's verify and step-time feed). sglang's
+step itself is not run: what is timed is what the plugin adds to the scheduler thread per step,
+the `host_dispatch_ms` a server reports in /server_info.
+
+    python3 tools/dispatch_cost.py test/data/traces/h200-dummy8b-fa3-defaults.jsonl.xz [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+from sglang_dynamic_eagle.engine.observations import PolicyFeed, RequestAcceptance, observe  # noqa: E402
+from sglang_dynamic_eagle.observability.counters import ModeCounters  # noqa: E402
+from sglang_dynamic_eagle.policy import DecodeMode  # noqa: E402
+from sglang_dynamic_eagle.policy.replay import (_accepted_per_request, load_recorded,  # noqa: E402
+                                                throughput_policy_for)
+
+RANGES = ((1, 8), (9, 32), (33, 128), (129, 1 << 30))
+
+
+class Req:
+    """The fields of sglang's Req that ``observe`` reads (weakly referenceable, hashed by identity)."""
+
+    def __init__(self, kv: int) -> None:
+        self.kv_committed_len = kv
+        self.sampling_params = SimpleNamespace(max_new_tokens=512)
+        self.output_ids = []
+
+
+def time_trace(path: Path) -> dict:
+    """{(mode, batch range): [microseconds per step]} of one pass over the trace."""
+    steps, meta = load_recorded(path)
+    policy = throughput_policy_for(meta)
+    feed, acceptance, counters = PolicyFeed(policy), RequestAcceptance(), ModeCounters()
+    pool = [Req(0) for _ in range(max(s.batch for s in steps))]
+    carry, out = 0.0, {}
+    for n, s in enumerate(steps, start=1):
+        reqs = pool[: s.batch]
+        for req in reqs:
+            req.kv_committed_len = s.kv_tokens // max(1, s.batch)
+        batch = SimpleNamespace(reqs=reqs)
+        start = time.perf_counter()
+        mode = policy.decide(observe(batch, s.queued, acceptance, n, feed.per_request_up_to))
+        counters.record_step(mode, s.batch, ran_graph=True, step=n)
+        if mode is DecodeMode.SPECULATIVE:
+            acceptance.launched(reqs)
+        drafts, carry = ([0] * s.batch, carry) if mode is DecodeMode.PLAIN else _accepted_per_request(
+            s.spec_tokens or s.batch, s.batch, carry)
+        if counters.record_result([d - 1 for d in drafts] if mode is DecodeMode.SPECULATIVE else []) is \
+                DecodeMode.SPECULATIVE:
+            acceptance.verified([d - 1 for d in drafts])
+            feed.verified(n, [d - 1 for d in drafts])
+        if s.ms is not None and s.mode is mode:
+            feed.step_time(n, mode, s.batch, s.kv_tokens, s.ms)
+        elapsed_us = 1e6 * (time.perf_counter() - start)
+        key = next(r for r in RANGES if r[0] <= s.batch <= r[1])
+        out.setdefault((mode.value, key), []).append(elapsed_us)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trace", type=Path)
+    parser.add_argument("--repeat", type=int, default=3, help="passes; the fastest median per row is shown")
+    args = parser.parse_args(argv)
+    passes = [time_trace(args.trace) for _ in range(args.repeat)]
+    print(f"Host microseconds per decode step of the plugin's own work, {args.trace.name}, "
+          f"{args.repeat} passes (median of a pass's steps, the fastest pass):\n")
+    print("| mode | batch | steps | median us | p99 us |\n| --- | --- | --- | --- | --- |")
+    for mode, key in sorted(passes[0]):
+        rows = [p[(mode, key)] for p in passes if (mode, key) in p]
+        best = min(rows, key=statistics.median)
+        p99 = sorted(best)[int(0.99 * (len(best) - 1))]
+        label = f">= {key[0]}" if key[1] == 1 << 30 else f"{key[0]}-{key[1]}"
+        print(f"| {mode} | {label} | {len(best)} | {statistics.median(best):.0f} | {p99:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
