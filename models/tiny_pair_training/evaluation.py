@@ -108,10 +108,13 @@ class ReferenceRun:
 
 @torch.no_grad()
 def reference_chain_decode(target: LlamaForCausalLM, draft: Eagle3Draft, prompt: list[int],
-                           max_new: int, steps: int, device: torch.device) -> ReferenceRun:
+                           max_new: int, steps: int, device: torch.device,
+                           edit_context_kv=None) -> ReferenceRun:
     """Step-by-step greedy EAGLE-3 decoding without the parallel training-time-test trick:
     recomputes everything per verify step, with plain causal attention over the draft prefix
-    and explicit chain keys. An independent check of draft_ttt_logits and walk_verifies."""
+    and explicit chain keys. An independent check of draft_ttt_logits and walk_verifies.
+    ``edit_context_kv(k, v) -> (k, v)``, if given, replaces the draft's keys and values of the
+    context rows before they are read (what a draft KV cache the draft did not write holds)."""
     embed, d2t = target.model.embed_tokens, draft.draft_to_target()
     seq = prompt + [target_features(target, torch.tensor([prompt], device=device))[1][0, -1].item()]
     run = ReferenceRun(output=[], accepted=[], chain_logits=[])
@@ -120,6 +123,8 @@ def reference_chain_decode(target: LlamaForCausalLM, draft: Eagle3Draft, prompt:
         aux, _ = target_features(target, torch.tensor([seq[:-1]], device=device))
         rows = torch.tensor([seq[1:]], device=device)
         q, k, v, residual = draft.project(embed(rows), draft.fc(aux), torch.arange(n - 1))
+        if edit_context_kv is not None:
+            k, v = edit_context_kv(k, v)
         heads = q.shape[1]
         out = F.scaled_dot_product_attention(q, repeat_kv(k, heads), repeat_kv(v, heads),
                                              is_causal=True)

@@ -1,0 +1,27 @@
+"""tools/stale_draft_kv.py on the committed tiny pair (CPU): the instrument sees a draft that reads
+KV it never wrote, and reports every case against fresh (no acceptance level of the stale cases
+is asserted: that is the measurement)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import stale_draft_kv  # noqa: E402
+
+CONTROL = "control: every context row zeroed"
+
+
+def test_a_draft_whose_whole_context_kv_is_unwritten_accepts_less():
+    result = stale_draft_kv.measure(follow_ups=3, answer_tokens=32, new_tokens=32)
+    assert result[CONTROL] < 0.9 * result["fresh"]
+
+
+def test_the_table_reports_each_case_against_fresh(capsys):
+    assert stale_draft_kv.main(["--follow-ups", "1", "--answer-tokens", "16", "--new-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "| fresh |" in out and "| 1.000 |" in out
+    assert "| zeros |" in out and "| another request's |" in out and f"| {CONTROL} |" in out

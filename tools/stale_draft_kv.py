@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""What a follow-up turn loses when its cached history holds draft KV the draft never wrote.
+
+EAGLE3_DYNAMIC decodes plainly while speculation does not pay; a request that finishes in plain
+mode leaves its answer in sglang's prefix cache with the target's KV but without the draft's (the
+draft-KV catch-up runs only when a running request speculates again). A later turn whose prompt
+repeats that history reuses the cached prefix, so its draft attends to whatever those draft KV
+slots held. Lossless either way (the target verifies every token); the question is acceptance.
+
+On the committed tiny trained pair (models/tiny-pair, CPU, float32), per follow-up: turn 1 is a
+held-out prompt and the target's greedy answer; turn 2 is that history plus another held-out
+prompt's tokens, decoded with chain drafting, its draft KV over turn 1's answer
+
+* fresh: as the draft wrote it (EAGLE3, or a cache that was flushed),
+* zeros: never written (a fresh KV pool),
+* another request's: the draft KV of an unrelated sequence at the same positions (a reused slot),
+* and, as the control that shows the draft reads its KV at all, every context row zeroed.
+
+    python3 tools/stale_draft_kv.py [--follow-ups 48] [--answer-tokens 64] [--new-tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "models"))
+
+from safetensors.torch import load_file  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from tiny_pair_training.draft import Eagle3Draft  # noqa: E402
+from tiny_pair_training.evaluation import reference_chain_decode  # noqa: E402
+from tiny_pair_training.scale import FULL  # noqa: E402
+from tiny_pair_training.target import target_features  # noqa: E402
+
+PAIR = ROOT / "models" / "tiny-pair"
+CPU = torch.device("cpu")
+
+
+def load_pair(pair: Path = PAIR):
+    target = AutoModelForCausalLM.from_pretrained(pair / "target", dtype=torch.float32).eval()
+    draft = Eagle3Draft(FULL)
+    draft.load_state_dict({name: tensor.float() if tensor.is_floating_point() else tensor
+                           for name, tensor in load_file(pair / "draft" / "model.safetensors").items()})
+    return target, draft.eval()
+
+
+@torch.no_grad()
+def greedy(target, tokens: list[int], count: int) -> list[int]:
+    seq = list(tokens)
+    for _ in range(count):
+        seq.append(target(input_ids=torch.tensor([seq])).logits[0, -1].argmax().item())
+    return seq
+
+
+@torch.no_grad()
+def context_kv(target, draft, seq: list[int]):
+    """The draft's keys and values of every context row of ``seq`` (row j: token j+1)."""
+    aux, _ = target_features(target, torch.tensor([seq[:-1]]))
+    rows = target.model.embed_tokens(torch.tensor([seq[1:]]))
+    _, k, v, _ = draft.project(rows, draft.fc(aux), torch.arange(len(seq) - 1))
+    return k, v
+
+
+def replacing(rows: list[int], source=None):
+    """An edit of the context KV: ``rows`` set to zeros, or to ``source``'s (k, v) there."""
+    def edit(k, v):
+        k, v = k.clone(), v.clone()
+        if source is None:
+            k[:, :, rows], v[:, :, rows] = 0.0, 0.0
+        else:
+            k[:, :, rows], v[:, :, rows] = source[0][:, :, rows], source[1][:, :, rows]
+        return k, v
+    return edit
+
+
+def tokens_per_verify(accepted: list[list[int]]) -> float:
+    return sum(a + 1 for run in accepted for a in run) / sum(len(run) for run in accepted)
+
+
+def measure(follow_ups: int, answer_tokens: int, new_tokens: int, steps: int = 3) -> dict[str, float]:
+    target, draft = load_pair()
+    prompts = json.loads((PAIR / "eval_prompts.json").read_text())["prompts"]
+    runs: dict[str, list[list[int]]] = {"fresh": [], "zeros": [], "another request's": [],
+                                        "control: every context row zeroed": []}
+    for i in range(follow_ups):
+        first = prompts[i % len(prompts)]["input_ids"]
+        history = greedy(target, first, answer_tokens)
+        turn2 = history + prompts[(i + 17) % len(prompts)]["input_ids"][1:]
+        # Draft rows whose input token was decoded plainly: the answer's, its last one excepted
+        # (the next turn's prefill writes that row).
+        stale = list(range(len(first) - 1, len(first) + answer_tokens - 2))
+        unrelated = prompts[(i + 33) % len(prompts)]["input_ids"]
+        other = context_kv(target, draft, greedy(target, unrelated, len(turn2) - len(unrelated) + 1))
+        for name, edit in (("fresh", None), ("zeros", replacing(stale)),
+                           ("another request's", replacing(stale, other)),
+                           ("control: every context row zeroed", replacing(list(range(len(turn2) - 1))))):
+            runs[name].append(reference_chain_decode(target, draft, turn2, new_tokens, steps, CPU,
+                                                     edit_context_kv=edit).accepted)
+    return {name: tokens_per_verify(accepted) for name, accepted in runs.items()}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--follow-ups", type=int, default=48)
+    parser.add_argument("--answer-tokens", type=int, default=64, help="turn 1's answer, decoded plainly")
+    parser.add_argument("--new-tokens", type=int, default=48, help="tokens turn 2 decodes")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    start = time.monotonic()
+    result = measure(args.follow_ups, args.answer_tokens, args.new_tokens)
+    print(f"{args.follow_ups} follow-ups on the tiny pair, turn 1's answer {args.answer_tokens} tokens, "
+          f"turn 2 {args.new_tokens} tokens, chain of 3 ({time.monotonic() - start:.0f} s):\n")
+    print("| draft KV over turn 1's answer | tokens per verify (bonus included) | of fresh |\n| --- | --- | --- |")
+    for name, value in result.items():
+        print(f"| {name} | {value:.3f} | {value / result['fresh']:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
