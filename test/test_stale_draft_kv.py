@@ -23,5 +23,12 @@ def test_a_draft_whose_whole_context_kv_is_unwritten_accepts_less():
 def test_the_table_reports_each_case_against_fresh(capsys):
     assert stale_draft_kv.main(["--follow-ups", "1", "--answer-tokens", "16", "--new-tokens", "16"]) == 0
     out = capsys.readouterr().out
-    assert "| fresh |" in out and "| 1.000 |" in out
+    assert "| fresh | " in out and "| 1.000 |" in out
     assert "| zeros |" in out and "| another request's |" in out and f"| {CONTROL} |" in out
+
+
+def test_the_running_request_table_rebuilds_the_newest_first(capsys):
+    assert stale_draft_kv.main(["--running", "12", "--follow-ups", "1", "--new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split(" | ")[0].strip("| ") for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[1:] == ["all rebuilt", "newest 8 rebuilt", "newest 32 rebuilt", "none rebuilt"]
