@@ -15,8 +15,8 @@ CONFIG_NAMES: tuple[str, ...] = (PLAIN, EAGLE3, ADAPTIVE, DYNAMIC, DYNAMIC_FIXED
 # EAGLE3_DYNAMIC with the fixed thresholds it shipped with before automatic switching.
 FIXED_THRESHOLD_ARGS = ("--speculative-disable-batch-threshold", "24", "--speculative-enable-batch-threshold", "16",
                         "--speculative-switch-patience", "4")
-# sglang picks the attention and sampling backends and captures prefill CUDA graphs (on Hopper: fa3, flashinfer).
-DEFAULT_COMMON_ARGS = "--mem-fraction-static 0.80 --cuda-graph-max-bs-decode 128"
+# sglang picks backends and graph sizes, as for users (on an H200: fa3, flashinfer sampling, decode graphs to 256).
+DEFAULT_COMMON_ARGS = "--mem-fraction-static 0.80"
 FIRST_MEMORY_FRACTION, LAST_MEMORY_FRACTION = 0.35, 0.85
 ADAPTIVE_CONFIG_FILE = "adaptive_config.json"
 # sglang's DEFAULT_ADAPTIVE_CONFIG (srt/speculative/adaptive_spec_params.py) without its 7-step candidate, which
