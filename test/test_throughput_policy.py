@@ -479,6 +479,37 @@ def test_regret_on_fa3_shaped_traffic_at_several_acceptance_levels(acceptance: f
     assert regret(policy, world) <= MAX_REGRET
 
 
+# sglang's decode graph sizes on an H200 without a flag (max 256): the normal list for the plain
+# graphs, the speculative list for EAGLE's (server_args._generate_decode_cuda_graph_batch_sizes).
+PLAIN_BUCKETS_256 = [1, 2, 4, 8, 12] + list(range(16, 257, 8))
+SPEC_BUCKETS_256 = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4))
+                    + list(range(72, 257, 8)))
+
+
+@pytest.mark.parametrize("acceptance", [1.6, 2.2, 3.0])
+def test_regret_on_fa3_shaped_overload_with_sglangs_default_graph_sizes(acceptance: float) -> None:
+    """Batches up to 300 (above 256 every step is plain), a queue while above 200: the regime of
+    an H200 at overload with sglang's default graphs, where the graphs end at 256, not 128."""
+    n = 3000
+    batches = random_walk(n, seed=5, high=300, step=6)
+    world = synthetic_world(
+        batches, [900] * n, [acceptance] * n, [60 if b > 200 else 0 for b in batches],
+        plain_base_ms=fa3_plain_base, spec_base_ms=fa3_spec_base, plain_per_kv_token_ms=PLAIN_KV_MS,
+        spec_per_kv_token_ms=SPEC_KV_MS, max_speculative_batch=256, catchup_per_token_ms=0.0008,
+        catchup_fixed_ms=1.5, buckets=SPEC_BUCKETS_256)
+    config = ThroughputPolicyConfig(max_speculative_batch=256, max_running_requests=2048,
+                                    kv_capacity_tokens=400_000, catchup_window=WINDOW)
+    policy = new_throughput_policy(
+        config, {PLAIN: PLAIN_BUCKETS_256, SPEC: SPEC_BUCKETS_256},
+        {PLAIN: {b: 0.9 * fa3_plain_base(b) for b in PLAIN_BUCKETS_256},
+         SPEC: {b: 0.9 * fa3_spec_base(b) for b in SPEC_BUCKETS_256}},
+        {PLAIN: PLAIN_KV_MS, SPEC: SPEC_KV_MS}, catchup_prior_fixed_ms=fa3_spec_base(1), max_acceptance=4.0)
+    assert regret(policy, world) <= MAX_REGRET
+    if acceptance == 1.6:  # the world tells the modes apart: speculating wherever a graph exists loses
+        always = ThresholdPolicy(ThresholdPolicyConfig(0, 0, 1, 256))
+        assert regret(always, world) > MAX_REGRET
+
+
 def test_speculation_is_never_judged_above_its_largest_timed_graph() -> None:
     """Speculative graphs captured up to 40 of a cap of 48 (a cap that is not a captured size),
     speculation 10x dearer, 100 queued: plain, never speculation as 'cost unknown'."""
