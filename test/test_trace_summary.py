@@ -14,11 +14,14 @@ from sglang_dynamic_eagle.policy.replay import load_trace
 TRACES = Path(__file__).parent / "data" / "traces"
 
 
-def trace_text(steps) -> str:
-    """(t, mode, batch, ms, verified tokens) per step as the server writes them."""
+def trace_text(steps, host_us=None) -> str:
+    """(t, mode, batch, ms, verified tokens) per step as the server writes them; ``host_us(n)``:
+    step n's (worker, step call) host microseconds."""
     lines = []
     for n, (t, mode, batch, ms, tokens) in enumerate(steps, start=1):
         lines.append({"k": "step", "step": n, "t": t, "mode": mode, "b": batch, "kv": 900 * batch, "q": 0})
+        if host_us is not None:
+            lines.append({"k": "host", "step": n, "us": host_us(n)[0], "step_us": host_us(n)[1]})
         if ms is not None:
             lines.append({"k": "time", "step": n, "ms": ms})
         if tokens is not None:
@@ -41,6 +44,14 @@ def test_rows_by_window_mode_and_batch_range() -> None:
     assert len(summary_rows(load_trace(Path('-'), trace_text(steps)), windows=1)) == 2  # one window: the two kinds
 
 
+def test_host_time_by_window_shows_a_host_that_slows() -> None:
+    steps = [(0.01 * i, "speculative", 4, 8.0, 12) for i in range(20)]
+    text = trace_text(steps, host_us=lambda n: (40.0 if n <= 10 else 90.0, 3000.0 + (n > 10) * 4000))
+    rows = summary_rows(load_trace(Path('-'), text), windows=2)
+    assert [r["host_us"] for r in rows] == ["40 / 3000", "90 / 7000"]
+    assert summary_rows(load_trace(Path('-'), trace_text(steps)))[0]["host_us"] is None  # older traces
+
+
 def test_a_recorded_trace_is_replayed_against_the_best_choice() -> None:
     text = render(TRACES / "h200-dummy8b-fa3-defaults.jsonl.xz", windows=2)
     assert "| 0 | speculative | 9-32 |" in text
@@ -52,7 +63,7 @@ def test_the_command_line(tmp_path, capsys) -> None:
     path = tmp_path / "trace.jsonl"
     path.write_text(trace_text([(0.0, "plain", 2, 5.0, None)]))
     assert main(["trace", str(path)]) == 0
-    assert "| 0 | plain | 1-8 | 1 | 1 | 5.0 | 400 |" in capsys.readouterr().out  # no config: no replay
+    assert "| 0 | plain | 1-8 | 1 | 1 | 5.0 | 400 | - |" in capsys.readouterr().out  # no config: no replay
     for argv, message in ((["trace", str(tmp_path / "missing")], "trace: no file"),
                           (["trace", str(path), "--windows", "0"], "--windows 0: give 1 or more")):
         with pytest.raises(SystemExit):

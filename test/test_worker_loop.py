@@ -555,10 +555,16 @@ def test_the_trace_records_steps_times_verifies_and_catchups(worker, tmp_path, m
     decode(worker, [0])  # step 3: speculative, after catching up one position
     worker._feed.catchup(1, catchup_ms(1))  # as the timing feed hands it over
     records = [json.loads(line) for line in path.read_text().splitlines()]
+    hosts = [r for r in records if r["k"] == "host"]
+    records = [r for r in records if r["k"] != "host"]
     assert [r["k"] for r in records] == ["step", "step", "verify", "time", "step", "catchup"]
     assert records[1] == {**records[1], "step": 2, "mode": "plain", "b": 3, "kv": 300, "q": 4}
     assert records[2] == {"k": "verify", "step": 1, "tokens": 3, "requests": 1}
     assert records[5] == {**records[5], "tokens": 1, "ms": catchup_ms(1)}
+    # After each decode step, its host time: the worker's own work and the mode's step call.
+    assert [h["step"] for h in hosts] == [1, 2, 3]
+    assert all(h["us"] >= 0 and h["step_us"] >= 0 for h in hosts)
+    assert [s.host_us for s in load_trace(path)] == [(h["us"], h["step_us"]) for h in hosts]
     assert load_trace(path) == [
         TraceStep(batch=1, kv_tokens=100, queued=0, mode=SPEC, spec_tokens=3),
         TraceStep(batch=3, kv_tokens=300, queued=4, mode=PLAIN, ms=4.5),

@@ -105,6 +105,10 @@ class PolicyFeed:
         if self._learner is not None:
             self._learner.add_catchup(tokens, ms)
 
+    def host_time(self, step: int, dispatch_s: float, step_s: float) -> None:
+        """A decode step's host seconds (the worker's own work, the mode's step call): not a
+        cost the policy models (the timed step holds them); a traced feed records them."""
+
     def crossover_batch(self) -> int:
         """Largest batch at which speculation is predicted to pay (short contexts; 0 with the
         threshold policy)."""

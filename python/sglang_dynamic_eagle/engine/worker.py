@@ -122,7 +122,9 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._harvest_catchup_timings()
         self._timings.step_done(self._decode_step, mode, observation.batch_size,
                                 observation.kv_tokens)
-        self.counters.record_host(mode, perf_counter() - start - step_s, step_s)
+        dispatch_s = perf_counter() - start - step_s
+        self.counters.record_host(mode, dispatch_s, step_s)
+        self._feed.host_time(self._decode_step, dispatch_s, step_s)
         return result
 
     # -- the steps -------------------------------------------------------

@@ -10,7 +10,9 @@ One JSON object per line, appended as the server runs, joined by step in
 * ``{"k": "verify", "step", "tokens", "requests"}`` when a speculative step's verify result is
   processed (tokens include the bonus token);
 * ``{"k": "catchup", "t", "tokens", "ms"}`` when a catch-up's GPU time reaches the policy
-  (the slowest rank's, with the step times).
+  (the slowest rank's, with the step times);
+* ``{"k": "host", "step", "us", "step_us"}`` after a decode step: host microseconds of the
+  worker's own work around it and of the mode's step call (launches; a catch-up's included).
 
 :func:`traced` wraps the worker's policy and its feed (``engine.observations.PolicyFeed``) so
 that both record what passes through them; without the variable it returns them unwrapped, and
@@ -50,6 +52,10 @@ class StepTrace:
         self._write({"k": "catchup", "t": round(time.time(), 4), "tokens": tokens,
                      "ms": round(ms, 4)})
 
+    def host(self, step: int, dispatch_s: float, step_s: float) -> None:
+        self._write({"k": "host", "step": step, "us": round(1e6 * dispatch_s, 1),
+                     "step_us": round(1e6 * step_s, 1)})
+
 
 class TracedPolicy:
     """A ``DecodePolicy`` whose every decision is traced."""
@@ -87,6 +93,9 @@ class TracedFeed:
     def catchup(self, tokens: int, ms: float) -> None:
         self.feed.catchup(tokens, ms)
         self._trace.catchup(tokens, ms)
+
+    def host_time(self, step: int, dispatch_s: float, step_s: float) -> None:
+        self._trace.host(step, dispatch_s, step_s)
 
     def crossover_batch(self) -> int:
         return self.feed.crossover_batch()

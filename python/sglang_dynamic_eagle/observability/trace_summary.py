@@ -2,10 +2,11 @@
 
 A server started with ``SGLANG_DYNAMIC_EAGLE_TRACE=FILE`` records every decode step
 (``observability.trace``). This reads it back: per time window (``--windows N`` equal spans of
-the trace), the steps of each mode by batch range with their measured time (median) and output
-tokens per second (plain: one token per request; speculative: the tokens its verifies yielded),
-so a slowdown, a mode held where the other served more, or a batch range never measured shows
-at a glance. With the trace's configuration line, the policy is replayed on the trace against
+the trace), the steps of each mode by batch range with their measured time (median), output
+tokens per second (plain: one token per request; speculative: the tokens its verifies yielded)
+and host microseconds (median: the worker's own work / the mode's step call), so a slowdown, a
+mode held where the other served more, a host that paces the GPU, or a batch range never
+measured shows at a glance. With the trace's configuration line, the policy is replayed on the trace against
 the best mode choice knowing both modes' costs (``policy.replay``): how far below it the
 policy's choices are, and speculating always or never for comparison.
 """
@@ -31,7 +32,8 @@ def _range_of(batch: int) -> Tuple[int, str]:
 
 def summary_rows(steps: Sequence[TraceStep], windows: int = 1) -> List[Dict[str, object]]:
     """One row per (window, mode, batch range) with steps: steps, timed steps, median step ms,
-    tokens per second over the timed ones (None without any)."""
+    tokens per second over the timed ones (None without any), median host microseconds ("worker
+    / step call"; None in traces without them)."""
     if not steps:
         raise ValueError("no decode steps in the trace (is it a SGLANG_DYNAMIC_EAGLE_TRACE file?)")
     start, end = min(s.t for s in steps), max(s.t for s in steps)
@@ -45,9 +47,12 @@ def summary_rows(steps: Sequence[TraceStep], windows: int = 1) -> List[Dict[str,
         plain = mode is DecodeMode.PLAIN
         timed = [s for s in chosen if s.ms and (plain or s.spec_tokens)]
         served = sum(s.batch if plain else s.spec_tokens for s in timed)
+        hosts = [s.host_us for s in chosen if s.host_us]
         rows.append({"window_s": round(window * span), "mode": mode.value, "batch": batches, "steps": len(chosen),
                      "timed": len(timed), "median_ms": round(statistics.median(s.ms for s in timed), 2) if timed else None,
-                     "tokens_per_s": round(1000 * served / sum(s.ms for s in timed)) if timed else None})
+                     "tokens_per_s": round(1000 * served / sum(s.ms for s in timed)) if timed else None,
+                     "host_us": " / ".join(f"{statistics.median(h[i] for h in hosts):.0f}" for i in (0, 1))
+                     if hosts else None})
     return rows
 
 
@@ -70,7 +75,7 @@ def replay_regrets(path: Path) -> Optional[Dict[str, float]]:
 
 def render(path: Path, windows: int = 1, replay: bool = True) -> str:
     rows = summary_rows(load_trace(Path(path)), windows)
-    columns: Sequence[str] = ("window_s", "mode", "batch", "steps", "timed", "median_ms", "tokens_per_s")
+    columns: Sequence[str] = ("window_s", "mode", "batch", "steps", "timed", "median_ms", "tokens_per_s", "host_us")
     lines = [f"Decode steps of {path}:", "", "| " + " | ".join(columns) + " |",
              "|" + " --- |" * len(columns)]
     lines += ["| " + " | ".join("-" if row[c] is None else str(row[c]) for c in columns) + " |" for row in rows]

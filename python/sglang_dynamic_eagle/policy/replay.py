@@ -40,25 +40,22 @@ class TraceStep:
     ms: Optional[float] = None  # measured time of the step (None: not timed)
     spec_tokens: Optional[float] = None  # tokens a verify yielded (speculative steps)
     t: float = field(default=0.0, compare=False)  # when it was decided (the server's clock, s)
+    host_us: Optional[Tuple[float, float]] = field(default=None, compare=False)  # worker, step call
 
 
 def load_trace(path: Path, text: Optional[str] = None) -> List[TraceStep]:
-    """A server's trace file (or its ``text``): ``step``, ``time`` and ``verify`` lines joined by step."""
-    steps: Dict[int, dict] = {}
-    times: Dict[int, float] = {}
-    tokens: Dict[int, float] = {}
+    """A server's trace file (or its ``text``): ``step``, ``time``, ``verify`` and ``host`` lines joined by step."""
+    by_kind: Dict[str, Dict[int, dict]] = {"step": {}, "time": {}, "verify": {}, "host": {}}
     for rec in (json.loads(line) for line in (text or _read_text(Path(path))).splitlines() if line.strip()):
-        kind = rec.get("k")
-        if kind == "step":
-            steps[rec["step"]] = rec
-        elif kind == "time":
-            times[rec["step"]] = rec["ms"]
-        elif kind == "verify":
-            tokens[rec["step"]] = rec["tokens"]
+        if rec.get("k") in by_kind:
+            by_kind[rec["k"]][rec["step"]] = rec
+    times, verifies, hosts = by_kind["time"], by_kind["verify"], by_kind["host"]
     return [
-        TraceStep(batch=r["b"], kv_tokens=r["kv"], queued=r.get("q", 0),
-                  mode=DecodeMode(r["mode"]), ms=times.get(n), spec_tokens=tokens.get(n), t=r.get("t", 0.0))
-        for n, r in sorted(steps.items())
+        TraceStep(batch=r["b"], kv_tokens=r["kv"], queued=r.get("q", 0), mode=DecodeMode(r["mode"]),
+                  ms=times[n]["ms"] if n in times else None,
+                  spec_tokens=verifies[n]["tokens"] if n in verifies else None, t=r.get("t", 0.0),
+                  host_us=(hosts[n]["us"], hosts[n]["step_us"]) if n in hosts else None)
+        for n, r in sorted(by_kind["step"].items())
     ]
 
 
