@@ -345,6 +345,6 @@ class Acceptance:
             means = [min(top, max(1.0, (a + k * prior) / (n + k)))
                      for n, a in zip(verifies[:batch_size], accepted[:batch_size])]
             means += [prior] * (batch_size - len(means))
-        if remaining:
+        if remaining and (len(remaining) < len(means) or min(remaining) < max(means, default=0.0)):
             return sum(min(m, max(1, r)) for m, r in zip(means, remaining))
-        return sum(means)
+        return sum(means)  # (also where every request may emit at least its mean)
