@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
@@ -14,18 +16,30 @@ import dispatch_cost  # noqa: E402
 TRACE = ROOT / "test/data/traces/h200-dummy8b-fa3-defaults.jsonl.xz"
 
 
-def test_every_step_of_the_trace_is_timed_once_in_its_row():
+def test_every_step_of_the_trace_is_timed_once_in_its_mode_and_batch_row():
     from sglang_dynamic_eagle.policy.replay import load_recorded
 
     steps, _ = load_recorded(TRACE)
     rows = dispatch_cost.time_trace(TRACE)
-    assert sum(len(times) for times in rows.values()) == len(steps)
-    assert {mode for mode, _ in rows} == {"plain", "speculative"}
-    for (mode, (low, high)), times in rows.items():
-        assert all(t > 0 for t in times)
+    for mode in ("plain", "speculative"):
+        for low, high in dispatch_cost.RANGES:
+            expected = sum(1 for s in steps if s.mode.value == mode and low <= s.batch <= high)
+            assert len(rows.get((mode, (low, high)), [])) == expected
+    assert all(t > 0 for times in rows.values() for t in times)
+
+
+def test_verify_results_reach_the_records_as_accepted_drafts(monkeypatch):
+    # A trace step's verified tokens include each request's bonus token: the records get drafts.
+    fed = []
+    monkeypatch.setattr(dispatch_cost.PolicyFeed, "verified", lambda self, step, drafts: fed.append(list(drafts)))
+    dispatch_cost.time_trace(TRACE)
+    assert fed and min(min(d) for d in fed if d) >= 0
+    assert 1.5 < sum(map(sum, fed)) / sum(map(len, fed)) < 2.5  # acceptance 3.0: about 2 drafts each
 
 
 def test_the_table_names_each_row(capsys):
     assert dispatch_cost.main([str(TRACE), "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "| speculative | 1-8 |" in out and "| plain | 33-128 |" in out
+    with pytest.raises(SystemExit):
+        dispatch_cost.main([str(TRACE), "--repeat", "0"])

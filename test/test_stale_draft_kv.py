@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
@@ -27,8 +29,22 @@ def test_the_table_reports_each_case_against_fresh(capsys):
     assert "| zeros |" in out and "| another request's |" in out and f"| {CONTROL} |" in out
 
 
-def test_the_running_request_table_rebuilds_the_newest_first(capsys):
-    assert stale_draft_kv.main(["--running", "12", "--follow-ups", "1", "--new-tokens", "8"]) == 0
+def test_the_running_request_table_lists_each_case(capsys):
+    assert stale_draft_kv.main(["--running", "40", "--follow-ups", "1", "--new-tokens", "8"]) == 0
     out = capsys.readouterr().out
     rows = [line.split(" | ")[0].strip("| ") for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows[1:] == ["all rebuilt", "newest 8 rebuilt", "newest 32 rebuilt", "none rebuilt"]
+    with pytest.raises(SystemExit):
+        stale_draft_kv.main(["--running", "0"])
+
+
+def test_all_rebuilt_is_a_running_request_whose_draft_kv_is_whole():
+    from tiny_pair_training.evaluation import reference_chain_decode
+
+    target, draft = stale_draft_kv.load_pair()
+    prompt = stale_draft_kv.json.loads((stale_draft_kv.PAIR / "eval_prompts.json").read_text())["prompts"][0]
+    context = stale_draft_kv.greedy(target, prompt["input_ids"], 24)
+    whole = reference_chain_decode(target, draft, context, 24, 3, stale_draft_kv.CPU).accepted
+    result = stale_draft_kv.measure_running(requests=1, plain_tokens=24, new_tokens=24, rebuilt=())
+    assert result["all rebuilt"] == stale_draft_kv.tokens_per_verify([whole])
+    assert result["none rebuilt"] < result["all rebuilt"]

@@ -461,21 +461,30 @@ def fa3_spec_base(b: int) -> float:
     return 8.4 + 0.06 * b
 
 
+def fa3_world_and_policy(batches, acceptance: float, queued, plain_buckets, spec_buckets,
+                         kv_capacity_tokens: int):
+    """A world of the fa3-shaped step costs over ``batches`` (graphs up to the buckets' largest)
+    and the policy that server would build (replays at 90% of the step, physical KV priors)."""
+    n, top = len(batches), max(spec_buckets)
+    world = synthetic_world(
+        batches, [900] * n, [acceptance] * n, queued, plain_base_ms=fa3_plain_base,
+        spec_base_ms=fa3_spec_base, plain_per_kv_token_ms=PLAIN_KV_MS, spec_per_kv_token_ms=SPEC_KV_MS,
+        max_speculative_batch=top, catchup_per_token_ms=0.0008, catchup_fixed_ms=1.5, buckets=spec_buckets)
+    config = ThroughputPolicyConfig(max_speculative_batch=top, max_running_requests=2048,
+                                    kv_capacity_tokens=kv_capacity_tokens, catchup_window=WINDOW)
+    policy = new_throughput_policy(
+        config, {PLAIN: plain_buckets, SPEC: spec_buckets},
+        {PLAIN: {b: 0.9 * fa3_plain_base(b) for b in plain_buckets},
+         SPEC: {b: 0.9 * fa3_spec_base(b) for b in spec_buckets}},
+        {PLAIN: PLAIN_KV_MS, SPEC: SPEC_KV_MS}, catchup_prior_fixed_ms=fa3_spec_base(1), max_acceptance=4.0)
+    return world, policy
+
+
 @pytest.mark.parametrize("acceptance", [1.3, 1.6, 1.8, 2.2, 3.0])
 def test_regret_on_fa3_shaped_traffic_at_several_acceptance_levels(acceptance: float) -> None:
-    n = 3000
-    batches = random_walk(n, seed=3, high=150, step=4)
-    world = synthetic_world(
-        batches, [900] * n, [acceptance] * n, [40 if b > 110 else 0 for b in batches],
-        plain_base_ms=fa3_plain_base, spec_base_ms=fa3_spec_base, plain_per_kv_token_ms=PLAIN_KV_MS,
-        spec_per_kv_token_ms=SPEC_KV_MS, max_speculative_batch=128, catchup_per_token_ms=0.0008,
-        catchup_fixed_ms=1.5, buckets=BUCKETS)
-    config = ThroughputPolicyConfig(max_speculative_batch=128, max_running_requests=2048,
-                                    kv_capacity_tokens=120_000, catchup_window=WINDOW)
-    policy = new_throughput_policy(
-        config, {PLAIN: BUCKETS, SPEC: BUCKETS},
-        {PLAIN: {b: 0.9 * fa3_plain_base(b) for b in BUCKETS}, SPEC: {b: 0.9 * fa3_spec_base(b) for b in BUCKETS}},
-        {PLAIN: PLAIN_KV_MS, SPEC: SPEC_KV_MS}, catchup_prior_fixed_ms=fa3_spec_base(1), max_acceptance=4.0)
+    batches = random_walk(3000, seed=3, high=150, step=4)
+    world, policy = fa3_world_and_policy(batches, acceptance, [40 if b > 110 else 0 for b in batches],
+                                         BUCKETS, BUCKETS, kv_capacity_tokens=120_000)
     assert regret(policy, world) <= MAX_REGRET
 
 
@@ -490,20 +499,9 @@ SPEC_BUCKETS_256 = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 
 def test_regret_on_fa3_shaped_overload_with_sglangs_default_graph_sizes(acceptance: float) -> None:
     """Batches up to 300 (above 256 every step is plain), a queue while above 200: the regime of
     an H200 at overload with sglang's default graphs, where the graphs end at 256, not 128."""
-    n = 3000
-    batches = random_walk(n, seed=5, high=300, step=6)
-    world = synthetic_world(
-        batches, [900] * n, [acceptance] * n, [60 if b > 200 else 0 for b in batches],
-        plain_base_ms=fa3_plain_base, spec_base_ms=fa3_spec_base, plain_per_kv_token_ms=PLAIN_KV_MS,
-        spec_per_kv_token_ms=SPEC_KV_MS, max_speculative_batch=256, catchup_per_token_ms=0.0008,
-        catchup_fixed_ms=1.5, buckets=SPEC_BUCKETS_256)
-    config = ThroughputPolicyConfig(max_speculative_batch=256, max_running_requests=2048,
-                                    kv_capacity_tokens=400_000, catchup_window=WINDOW)
-    policy = new_throughput_policy(
-        config, {PLAIN: PLAIN_BUCKETS_256, SPEC: SPEC_BUCKETS_256},
-        {PLAIN: {b: 0.9 * fa3_plain_base(b) for b in PLAIN_BUCKETS_256},
-         SPEC: {b: 0.9 * fa3_spec_base(b) for b in SPEC_BUCKETS_256}},
-        {PLAIN: PLAIN_KV_MS, SPEC: SPEC_KV_MS}, catchup_prior_fixed_ms=fa3_spec_base(1), max_acceptance=4.0)
+    batches = random_walk(3000, seed=5, high=300, step=6)
+    world, policy = fa3_world_and_policy(batches, acceptance, [60 if b > 200 else 0 for b in batches],
+                                         PLAIN_BUCKETS_256, SPEC_BUCKETS_256, kv_capacity_tokens=400_000)
     assert regret(policy, world) <= MAX_REGRET
     if acceptance == 1.6:  # the world tells the modes apart: speculating wherever a graph exists loses
         always = ThresholdPolicy(ThresholdPolicyConfig(0, 0, 1, 256))

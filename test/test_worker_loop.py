@@ -399,8 +399,6 @@ class FakeClock:
 def test_host_time_splits_into_dispatch_and_each_modes_step(worker, monkeypatch) -> None:
     clock = FakeClock()
     monkeypatch.setattr("sglang_dynamic_eagle.engine.worker.perf_counter", clock)
-    eagle_step, plain_run = EAGLEWorkerV2.forward_batch_generation, worker._plain_step.run
-    policy_decide = worker._policy.decide
 
     def slow(seconds, call):
         def run(*args, **kwargs):
@@ -408,18 +406,34 @@ def test_host_time_splits_into_dispatch_and_each_modes_step(worker, monkeypatch)
             return call(*args, **kwargs)
         return run
 
-    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation", slow(0.004, eagle_step))
-    monkeypatch.setattr(worker._plain_step, "run", slow(0.002, plain_run))
-    monkeypatch.setattr(worker._policy, "decide", slow(0.0001, policy_decide))
+    catchup = worker._catchup
+
+    def catch_up(draft_worker, batch, plan_stream):
+        plan = FakeCatchup.catch_up(catchup, draft_worker, batch, plan_stream)
+        clock.now += 0.001 if plan is not None else 0.0  # a catch-up's launches: the step's
+        return plan
+
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation",
+                        slow(0.004, EAGLEWorkerV2.forward_batch_generation))
+    monkeypatch.setattr(worker._plain_step, "run", slow(0.002, worker._plain_step.run))
+    monkeypatch.setattr(catchup, "catch_up", catch_up)
+    # The worker's own work: the policy, the acceptance records at launch and at the result.
+    monkeypatch.setattr(worker._policy, "decide", slow(0.0001, worker._policy.decide))
+    for name in ("launched", "verified"):
+        monkeypatch.setattr(worker.request_acceptance, name,
+                            slow(0.00002, getattr(worker.request_acceptance, name)))
     decode(worker, [0])  # speculative
+    worker.on_verify_complete_cpu([2])  # its result
     decode(worker, range(10))  # plain
     decode(worker, range(10))  # plain
     prefill(worker, [11])  # EAGLE's path: not a decode step
-    worker.on_verify_complete_cpu([2])  # the speculative step's result: no clock time here
+    decode(worker, [0])  # speculative again, after catching slot 0 up
+    assert worker._catchup.caught_up == [[0]]
     snapshot = worker.counters.snapshot()
-    assert snapshot["host_speculative_step_ms"] == pytest.approx(4.0)
+    assert snapshot["host_speculative_step_ms"] == pytest.approx(4.0 + 1.0 + 4.0)
     assert snapshot["host_plain_step_ms"] == pytest.approx(4.0)
-    assert snapshot["host_dispatch_ms"] == pytest.approx(0.3)
+    # 4 decisions, 2 launches and 1 result recorded
+    assert snapshot["host_dispatch_ms"] == pytest.approx(0.4 + 0.04 + 0.02)
 
 
 def test_grammar_batches_run_without_overlap() -> None:

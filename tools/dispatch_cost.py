@@ -38,7 +38,9 @@ class Req:
 
 
 def time_trace(path: Path) -> dict:
-    """{(mode, batch range): [microseconds per step]} of one pass over the trace."""
+    """{(mode, batch range): [microseconds per step]} of one pass over the trace. Each step takes
+    the mode the trace ran (its verify results and step times exist for that mode only); the
+    policy still decides every step, as on the server."""
     steps, meta = load_recorded(path)
     policy = throughput_policy_for(meta)
     feed, acceptance, counters = PolicyFeed(policy), RequestAcceptance(), ModeCounters()
@@ -49,22 +51,23 @@ def time_trace(path: Path) -> dict:
         for req in reqs:
             req.kv_committed_len = s.kv_tokens // max(1, s.batch)
         batch = SimpleNamespace(reqs=reqs)
+        speculative = s.mode is DecodeMode.SPECULATIVE
         start = time.perf_counter()
-        mode = policy.decide(observe(batch, s.queued, acceptance, n, feed.per_request_up_to))
-        counters.record_step(mode, s.batch, ran_graph=True, step=n)
-        if mode is DecodeMode.SPECULATIVE:
+        policy.decide(observe(batch, s.queued, acceptance, n, feed.per_request_up_to))
+        counters.record_step(s.mode, s.batch, ran_graph=True, step=n)
+        if speculative:
             acceptance.launched(reqs)
-        drafts, carry = ([0] * s.batch, carry) if mode is DecodeMode.PLAIN else _accepted_per_request(
-            s.spec_tokens or s.batch, s.batch, carry)
-        if counters.record_result([d - 1 for d in drafts] if mode is DecodeMode.SPECULATIVE else []) is \
-                DecodeMode.SPECULATIVE:
-            acceptance.verified([d - 1 for d in drafts])
-            feed.verified(n, [d - 1 for d in drafts])
-        if s.ms is not None and s.mode is mode:
-            feed.step_time(n, mode, s.batch, s.kv_tokens, s.ms)
+        # Accepted drafts per request, bonus token excluded (a trace step without a verify: none).
+        drafts, carry = _accepted_per_request(s.spec_tokens or s.batch, s.batch, carry) if speculative else (
+            [], carry)
+        if counters.record_result(drafts) is DecodeMode.SPECULATIVE:
+            acceptance.verified(drafts)
+            feed.verified(n, drafts)
+        if s.ms is not None:
+            feed.step_time(n, s.mode, s.batch, s.kv_tokens, s.ms)
         elapsed_us = 1e6 * (time.perf_counter() - start)
         key = next(r for r in RANGES if r[0] <= s.batch <= r[1])
-        out.setdefault((mode.value, key), []).append(elapsed_us)
+        out.setdefault((s.mode.value, key), []).append(elapsed_us)
     return out
 
 
@@ -73,6 +76,8 @@ def main(argv=None) -> int:
     parser.add_argument("trace", type=Path)
     parser.add_argument("--repeat", type=int, default=3, help="passes; the fastest median per row is shown")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: give 1 or more")
     passes = [time_trace(args.trace) for _ in range(args.repeat)]
     print(f"Host microseconds per decode step of the plugin's own work, {args.trace.name}, "
           f"{args.repeat} passes (median of a pass's steps, the fastest pass):\n")

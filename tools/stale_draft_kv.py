@@ -100,9 +100,12 @@ def measure(follow_ups: int, answer_tokens: int, new_tokens: int, steps: int = 3
         first = prompts[i % len(prompts)]["input_ids"]
         history = greedy(target, first, answer_tokens)
         turn2 = history + prompts[(i + 17) % len(prompts)]["input_ids"][1:]
-        # Draft rows whose input token was decoded plainly: the answer's, its last one excepted
-        # (the next turn's prefill writes that row).
-        stale = list(range(len(first) - 1, len(first) + answer_tokens - 2))
+        # Draft row j reads token j + 1 with the target's features of position j. The prefill's
+        # draft extend wrote rows up to len(first) - 1 (whose token is the answer's first, sampled
+        # by the prefill); plain steps fed the answer's other tokens and wrote none of rows
+        # len(first) .. len(first) + answer_tokens - 2, which the prefix cache keeps (the last
+        # answer token was never fed, so the next turn's prefill starts there).
+        stale = list(range(len(first), len(first) + answer_tokens - 1))
         unrelated = prompts[(i + 33) % len(prompts)]["input_ids"]
         other = context_kv(target, draft, greedy(target, unrelated, len(turn2) - len(unrelated) + 1))
         for name, edit in (("fresh", None), ("zeros", replacing(stale)),
@@ -125,9 +128,10 @@ def measure_running(requests: int, plain_tokens: int, new_tokens: int, rebuilt=(
     for i in range(requests):
         prompt = prompts[i % len(prompts)]["input_ids"]
         context = greedy(target, prompt, plain_tokens)
-        plain_rows = list(range(len(prompt) - 1, len(context) - 1))  # rows fed a plainly decoded token
+        # Rows of the tokens plain steps fed (the first generated one's row is the prefill's).
+        plain_rows = list(range(len(prompt), len(context) - 1))
         for name, newest in cases.items():
-            stale = plain_rows[: len(plain_rows) - newest]
+            stale = plain_rows[: max(0, len(plain_rows) - newest)]
             runs[name].append(reference_chain_decode(target, draft, context, new_tokens, steps, CPU,
                                                      edit_context_kv=replacing(stale) if stale else None).accepted)
     return {name: tokens_per_verify(accepted) for name, accepted in runs.items()}
@@ -142,9 +146,11 @@ def main(argv=None) -> int:
                         help="instead: running requests (as many as --follow-ups) whose last PLAIN_TOKENS "
                              "were decoded plainly, with their draft KV rebuilt in part")
     args = parser.parse_args(argv)
+    if args.running is not None and args.running < 2:
+        parser.error(f"--running {args.running}: give 2 or more plainly decoded tokens")
     torch.manual_seed(0)
     start = time.monotonic()
-    if args.running:
+    if args.running is not None:
         result = measure_running(args.follow_ups, args.running, args.new_tokens)
         what = (f"{args.follow_ups} running requests on the tiny pair, the last {args.running} tokens decoded "
                 f"plainly, then {args.new_tokens} speculatively")

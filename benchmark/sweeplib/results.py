@@ -125,10 +125,10 @@ COUNTER_FIELDS = ("speculative_steps", "plain_steps", "switches_to_plain", "swit
 OPTIONAL_COUNTER_FIELDS = ("plain_graph_steps", "catchup_forwards", "catchup_truncated_tokens", "catchup_gpu_ms",
                            "speculative_verified_requests", "speculative_accepted_tokens", "prefill_batches",
                            "prefill_tokens", "prefill_target_gpu_ms", "prefill_draft_gpu_ms", "mismatched_results")
-OPTIONAL_COUNTER_FIELDS += (HOST_MS_FIELDS := ("host_dispatch_ms", "host_speculative_step_ms", "host_plain_step_ms"))
+HOST_MS_FIELDS = ("host_dispatch_ms", "host_speculative_step_ms", "host_plain_step_ms")  # per step: worker, spec, plain
+OPTIONAL_COUNTER_FIELDS += HOST_MS_FIELDS
 MEAN_ACCEPT_FIELD = "mean_accept_length"
-RUN_ACCEPT_FIELD = "speculative_accept_length"
-RUN_SPECULATIVE_BATCH_FIELD = "mean_speculative_batch"
+RUN_ACCEPT_FIELD, RUN_SPECULATIVE_BATCH_FIELD = "speculative_accept_length", "mean_speculative_batch"
 POLICY_FIELDS = ("policy", "disable_batch_threshold", "enable_batch_threshold", "switch_patience",
                  "crossover_batch", "acceptance_estimate")
 

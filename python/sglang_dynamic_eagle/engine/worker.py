@@ -140,18 +140,20 @@ class DynamicEagleWorker(EAGLEWorkerV2):
     def _decode(self, mode: DecodeMode, batch: ScheduleBatch, on_publish,
                 grammar_barrier) -> Tuple[GenerationBatchResult, float]:
         """The mode's step, and the host seconds it took (a speculative step's with its
-        catch-up)."""
+        catch-up; the bookkeeping around them is the dispatch's)."""
         start = perf_counter()
         if mode is DecodeMode.PLAIN:
             return self._plain_step.run(batch, on_publish), perf_counter() - start
         plan = self._catchup.catch_up(self._draft_worker, batch, self.plan_stream)
+        step_s = perf_counter() - start
         if plan is not None:
             self._timings.interrupt()
             self._timings.catchup_launched(self._decode_step, plan.num_tokens)
             self.counters.record_catchup(plan.num_tokens, plan.truncated_tokens)
         self.request_acceptance.launched(batch.reqs)
+        start = perf_counter()
         result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
-        return result, perf_counter() - start
+        return result, step_s + perf_counter() - start
 
     def _decide(self, observation: StepObservation) -> DecodeMode:
         previous = self._policy.mode

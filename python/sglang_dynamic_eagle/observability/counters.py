@@ -35,9 +35,11 @@ class ModeCounters:
     verified_step: int = 0
     # Host (CPU) seconds of the scheduler thread, decode steps only: the worker's own work
     # around a step (its view of the batch, the policy, bookkeeping, its part of result
-    # processing), and each mode's step (its launches, a speculative step's with its catch-up;
-    # with overlap scheduling the GPU runs behind them). When a step's host period exceeds its GPU time, these
-    # are what the step costs; compare them with the step times in the policy's report.
+    # processing; with a trace, the trace's writes; with tensor parallelism, the timing feed's
+    # all-reduce every few steps, which waits for the slowest rank), and each mode's step (its
+    # launches, a speculative step's with its catch-up; with overlap scheduling the GPU runs
+    # behind them). Where a step's host time reaches its GPU time, the host paces the GPU;
+    # compare them with the step times in the policy's report.
     host_dispatch_s: float = 0.0
     host_step_s: Dict[DecodeMode, float] = field(
         default_factory=lambda: {DecodeMode.PLAIN: 0.0, DecodeMode.SPECULATIVE: 0.0})

@@ -12,7 +12,9 @@ One JSON object per line, appended as the server runs, joined by step in
 * ``{"k": "catchup", "t", "tokens", "ms"}`` when a catch-up's GPU time reaches the policy
   (the slowest rank's, with the step times);
 * ``{"k": "host", "step", "us", "step_us"}`` after a decode step: host microseconds of the
-  worker's own work around it and of the mode's step call (launches; a catch-up's included).
+  worker's own work around it (the trace's own ``step`` line included) and of the mode's step
+  (launches, a catch-up's included); result processing, which the server's ``host_dispatch_ms``
+  also counts, comes later and is not in it.
 
 :func:`traced` wraps the worker's policy and its feed (``engine.observations.PolicyFeed``) so
 that both record what passes through them; without the variable it returns them unwrapped, and

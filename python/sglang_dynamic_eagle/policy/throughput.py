@@ -240,10 +240,10 @@ class ThroughputPolicy:
 
     def _probe_cost(self, obs, projected, kv, t_plain, y_plain, t_spec, y_spec) -> Optional[float]:
         """Predicted loss of a probe of the other mode; None where the prediction already favours
-        it (the loss accounting's call) or where it cannot win even at its best."""
+        it (the loss accounting's call), where the budget cannot cover the probe's catch-up (its
+        least loss), or where it cannot win even at its best."""
         if (y_spec / t_spec > y_plain / t_plain) is (self._mode is DecodeMode.PLAIN):
             return None
-        # A probe's loss is at least its catch-up: with less saved, no need to price the rest.
         catchup = (self._catchup_ms(obs.batch_size) if self._mode is DecodeMode.PLAIN else
                    self.catchup.predict(self.config.catchup_tokens(obs.batch_size, PROBE_STEPS)))
         if catchup > self._budget_ms:
