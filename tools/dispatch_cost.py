@@ -25,7 +25,7 @@ from sglang_dynamic_eagle.policy import DecodeMode  # noqa: E402
 from sglang_dynamic_eagle.policy.replay import (_accepted_per_request, load_recorded,  # noqa: E402
                                                 throughput_policy_for)
 
-RANGES = ((1, 8), (9, 32), (33, 128), (129, 1 << 30))
+RANGES = ((1, 8), (9, 32), (33, 128), (129, 256), (257, 1 << 30))
 
 
 class Req:

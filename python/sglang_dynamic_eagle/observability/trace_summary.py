@@ -2,7 +2,7 @@
 
 A server started with ``SGLANG_DYNAMIC_EAGLE_TRACE=FILE`` records every decode step
 (``observability.trace``). This reads it back: per time window (``--windows N`` equal spans of
-the trace), the steps of each mode by batch range with their measured time (median), output
+the trace), the steps of each mode by batch range (graphs of up to 256 on an H200) with their measured time (median), output
 tokens per second (plain: one token per request; speculative: the tokens its verifies yielded)
 and host microseconds (median: the worker's own work / the mode's step call), so a slowdown, a
 mode held where the other served more, a host that paces the GPU, or a batch range never
@@ -21,7 +21,7 @@ from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy, ThresholdPo
 from sglang_dynamic_eagle.policy.replay import (TraceStep, load_recorded, load_trace, oracle_rate,
                                                 recorded_world, simulate, throughput_policy_for)
 
-BATCH_RANGES: Tuple[Tuple[int, Optional[int]], ...] = ((1, 8), (9, 32), (33, 128), (129, None))
+BATCH_RANGES: Tuple[Tuple[int, Optional[int]], ...] = ((1, 8), (9, 32), (33, 128), (129, 256), (257, None))
 REPLAY_WINDOW = 256  # catch-up window of the replay (the server's default)
 
 
