@@ -165,7 +165,7 @@ def test_report_recomputes_a_runs_counter_change_from_its_snapshots():
     assert results.run_delta(None) is None
 
 
-def test_recorded_commands_write_the_offline_install_folder_as_kit_dir(tmp_path, monkeypatch):
+def test_recorded_commands_write_the_offline_install_folder_as_its_variable(tmp_path, monkeypatch):
     kit = tmp_path / "kit"
     monkeypatch.setenv("SGLANG_OFFLINE_ENV", str(kit))
     document = results.new_results_document(["python3", "run.py", "--model-path", f"{kit}/models/llama8b"], {}, "c")

@@ -36,10 +36,10 @@ def first_output_line(command: list[str]) -> str | None:
 def shown_paths(text: str) -> str:
     """``text`` with the folder of an offline sglang install (``$SGLANG_OFFLINE_ENV``, where it is set)
     written as ``$SGLANG_OFFLINE_ENV``, so that recorded commands read the same on every machine."""
-    kit_dir = os.environ.get(OFFLINE_ENV_VAR, "").rstrip("/")
-    if not kit_dir:
+    offline_dir = os.environ.get(OFFLINE_ENV_VAR, "").rstrip("/")
+    if not offline_dir:
         return text
-    for folder in {str(Path(kit_dir).resolve()), kit_dir}:
+    for folder in {str(Path(offline_dir).resolve()), offline_dir}:
         text = text.replace(folder + "/", "$SGLANG_OFFLINE_ENV/")
     return text
 
