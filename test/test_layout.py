@@ -1,7 +1,8 @@
 """The package's layout keeps its architecture visible: every module imports, no module imports
 itself through others (at module level or inside a function, ``TYPE_CHECKING`` imports
 included), modules stay short, and every assignment to another object's attribute is a patch the
-registry lists (``patched_by``) or one on the package's own objects."""
+registry lists (``patched_by``) or one on the package's own objects; no tracked file outside the
+dated results names the test environment's private offline install."""
 
 from __future__ import annotations
 
@@ -266,3 +267,39 @@ def test_the_benchmark_stays_one_small_driver() -> None:
     files = [root / "run.py", *sorted((root / "sweeplib").glob("*.py"))]
     assert sum(len(path.read_text().splitlines()) for path in files) < 1500
     assert sorted(p.name for p in root.glob("*.py")) == ["run.py"]
+
+
+# Names of the test environment's private offline install, which the repository must not use
+# outside its dated results (spelled apart so that this file does not match itself).
+PRIVATE_NAMES = ("KIT" + "_DIR", "runtime" + " kit", "run_on" + "_device")
+
+
+def files_naming(names, root: Path) -> List[str]:
+    """Files git tracks under ``root`` (every file where it is no git checkout), results, weights
+    and archives aside, whose text names any of ``names``, case-insensitive."""
+    import subprocess
+
+    try:
+        listed = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout
+        paths = [root / line for line in listed.splitlines()]
+    except (OSError, subprocess.CalledProcessError):
+        paths = [p for p in root.rglob("*") if "__pycache__" not in p.parts]
+    found = []
+    for path in sorted(paths):
+        relative = path.relative_to(root)
+        if (not path.is_file() or relative.parts[:2] == ("benchmark", "results")
+                or path.suffix in (".safetensors", ".xz", ".pkl")):
+            continue
+        try:
+            text = path.read_text().lower()
+        except (UnicodeDecodeError, OSError):
+            continue
+        if any(name.lower() in text for name in names):
+            found.append(str(relative))
+    return found
+
+
+def test_no_file_names_the_private_offline_install(tmp_path) -> None:
+    assert files_naming(PRIVATE_NAMES, Path(__file__).resolve().parents[1]) == []
+    (tmp_path / "doc.md").write_text("source $" + PRIVATE_NAMES[0] + "/setup.sh\n")  # the check sees one
+    assert files_naming(PRIVATE_NAMES, tmp_path) == ["doc.md"]
