@@ -2,13 +2,14 @@
 
 A server started with ``SGLANG_DYNAMIC_EAGLE_TRACE=FILE`` records every decode step
 (``observability.trace``). This reads it back: per time window (``--windows N`` equal spans of
-the trace), the steps of each mode by batch range (graphs of up to 256 on an H200) with their measured time (median), output
-tokens per second (plain: one token per request; speculative: the tokens its verifies yielded)
-and host microseconds (median: the worker's own work / the mode's step call), so a slowdown, a
-mode held where the other served more, a host that paces the GPU, or a batch range never
-measured shows at a glance. With the trace's configuration line, the policy is replayed on the trace against
-the best mode choice knowing both modes' costs (``policy.replay``): how far below it the
-policy's choices are, and speculating always or never for comparison.
+the trace), the steps of each mode by batch range (graphs reach 256 on an H200) with their
+measured time (median), output tokens per second (plain: one token per request; speculative:
+the tokens its verifies yielded) and host microseconds (median: the worker's own work / the
+mode's step call), so a slowdown, a mode held where the other served more, a host that paces
+the GPU, or a batch range never measured shows at a glance. With the trace's configuration
+line, the policy is replayed on the trace against the best mode choice knowing both modes'
+costs (``policy.replay``): how far below it the policy's choices are, and speculating always or
+never for comparison.
 """
 
 from __future__ import annotations
