@@ -236,15 +236,21 @@ def test_prefills_and_plain_steps_do_not_wait_for_the_gpu(servers):
     syncs = counters["host_syncs"]
     waiting = {site: count for site, count in syncs.items()
                if site.startswith(("prefill ", "plain "))}
+    steps = counters["plain_steps"] + counters["speculative_steps"]
     print(
         f"host syncs {syncs}; prefill batches {counters['prefill_batches']}, target / draft "
-        f"GPU ms {counters['prefill_target_gpu_ms']} / {counters['prefill_draft_gpu_ms']}; "
-        f"{comparison.summary()}"
+        f"GPU ms {counters['prefill_target_gpu_ms']} / {counters['prefill_draft_gpu_ms']}; host ms "
+        f"worker / spec steps / plain steps {counters['host_dispatch_ms']} / "
+        f"{counters['host_speculative_step_ms']} / {counters['host_plain_step_ms']} over {steps} "
+        f"decode steps; {comparison.summary()}"
     )
     assert not comparison.failures
     assert counters["plain_steps"] > 0 and counters["prefill_batches"] > 0
     assert counters["prefill_draft_gpu_ms"] > 0
     assert not waiting
+    # Host time is counted for both modes' steps and the worker's own work (no speed asserted).
+    assert counters["host_dispatch_ms"] > 0 and counters["host_plain_step_ms"] > 0
+    assert counters["host_speculative_step_ms"] > 0 or counters["speculative_steps"] == 0
 
 
 @pytest.mark.uses_servers("plain", "eagle3")
