@@ -28,6 +28,9 @@ import time
 from typing import Any, Optional, Sequence, Tuple
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # one encoder (json.dumps builds one a call)
+
+
 class StepTrace:
     """The trace file, line-buffered: a killed server loses at most the line being written."""
 
@@ -35,7 +38,7 @@ class StepTrace:
         self._file = open(path, "a", buffering=1)
 
     def _write(self, record: dict) -> None:
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.write(_ENCODE(record) + "\n")
 
     def step(self, observation, mode) -> None:
         self._write({"k": "step", "step": observation.step, "t": round(time.time(), 4),
