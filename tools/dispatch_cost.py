@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from sglang_dynamic_eagle.engine.observations import PolicyFeed, RequestAcceptance, observe  # noqa: E402
 from sglang_dynamic_eagle.observability.counters import ModeCounters  # noqa: E402
 from sglang_dynamic_eagle.policy import DecodeMode  # noqa: E402
-from sglang_dynamic_eagle.policy.replay import (_accepted_per_request, load_recorded,  # noqa: E402
+from sglang_dynamic_eagle.policy.replay import (accepted_drafts_per_request, load_recorded,  # noqa: E402
                                                 throughput_policy_for)
 
 RANGES = ((1, 8), (9, 32), (33, 128), (129, 256), (257, 1 << 30))
@@ -58,7 +58,7 @@ def time_trace(path: Path) -> dict:
         if speculative:
             acceptance.launched(reqs)
         # Accepted drafts per request, bonus token excluded (a trace step without a verify: none).
-        drafts, carry = _accepted_per_request(s.spec_tokens or s.batch, s.batch, carry) if speculative else (
+        drafts, carry = accepted_drafts_per_request(s.spec_tokens or s.batch, s.batch, carry) if speculative else (
             [], carry)
         if counters.record_result(drafts) is DecodeMode.SPECULATIVE:
             acceptance.verified(drafts)

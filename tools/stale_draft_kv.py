@@ -44,7 +44,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from tiny_pair_training.draft import Eagle3Draft  # noqa: E402
 from tiny_pair_training.evaluation import reference_chain_decode  # noqa: E402
 from tiny_pair_training.scale import FULL  # noqa: E402
-from tiny_pair_training.target import target_features  # noqa: E402
+from tiny_pair_training.target import greedy_generate, target_features  # noqa: E402
 
 PAIR = ROOT / "models" / "tiny-pair"
 CPU = torch.device("cpu")
@@ -60,10 +60,8 @@ def load_pair(pair: Path = PAIR):
 
 @torch.no_grad()
 def greedy(target, tokens: list[int], count: int) -> list[int]:
-    seq = list(tokens)
-    for _ in range(count):
-        seq.append(target(input_ids=torch.tensor([seq])).logits[0, -1].argmax().item())
-    return seq
+    """``tokens`` and the target's greedy continuation of ``count`` tokens."""
+    return greedy_generate(target, torch.tensor([tokens]), count)[0].tolist()
 
 
 @torch.no_grad()

@@ -235,7 +235,7 @@ def simulate(policy, world: World, catchup_window: int, catchup_max_tokens: int 
             plain_run = 0
             spec_steps += 1
             if hasattr(policy, "add_verify"):
-                drafts, carry = _accepted_per_request(step_tokens, b, carry)
+                drafts, carry = accepted_drafts_per_request(step_tokens, b, carry)
                 policy.add_verify(drafts)
         else:
             step_ms, step_tokens = world.plain_ms[i], float(b)
@@ -252,7 +252,7 @@ def simulate(policy, world: World, catchup_window: int, catchup_max_tokens: int 
     return ReplayResult(tokens, ms, spec_steps, switches)
 
 
-def _accepted_per_request(tokens: float, batch: int, carry: float = 0.0) -> Tuple[List[int], float]:
+def accepted_drafts_per_request(tokens: float, batch: int, carry: float = 0.0) -> Tuple[List[int], float]:
     """Accepted drafts per request (bonus excluded) summing to ``tokens - batch`` plus ``carry``,
     and the fraction carried on: whole drafts with the world's mean (rounding told 1.5 for 1.6)."""
     total = max(0.0, tokens - batch) + carry
