@@ -121,6 +121,21 @@ SERVER_RELIANCES: Tuple[UpstreamReliance, ...] = (
         patched_by=("sglang_dynamic_eagle.sglang_compat.startup_errors.install_excepthook",),
     ),
     UpstreamReliance(
+        target="sglang's import order: kernel modules before plugins (behaviour)",
+        how="the wheel installs sglang_dynamic_eagle_first_contact.pth at the root of "
+        "site-packages; Python runs its line at every start: a substring test of sys.argv, and "
+        "for a command line selecting EAGLE3_DYNAMIC on CUDA, first_contact.check, which exits "
+        "with one line when libcuda.so.1 does not load or CUDA_VISIBLE_DEVICES hides every GPU",
+        why="sglang imports its kernel and quantization modules before load_plugins, and "
+        "without CUDA they print 9-11 warning lines above the launcher's one-line refusal "
+        "(12 lines in all for python -m sglang.launch_server on a CPU machine)",
+        drop_when="sglang loads plugins (or checks for an accelerator) before importing its "
+        "kernel modules",
+        kind=BEHAVIOUR,
+        code=("sglang.srt.plugins.load_plugins",),
+        patched_by=("sglang_dynamic_eagle.sglang_compat.first_contact.check",),
+    ),
+    UpstreamReliance(
         target="sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run / waiting_queue",
         how="AFTER hook stores len(scheduler.waiting_queue) on the worker "
         "(hooks.reporting.record_queue_length); the scheduler calls it once per loop, before "
