@@ -37,18 +37,45 @@ def test_a_per_request_cost_shown_across_batch_sizes_is_learned() -> None:
     assert cost.predict(120, 120 * 700) == pytest.approx(truth, rel=0.10)
 
 
+def _light_then_predict(seed: int, steps: int = 64, jitter: float = 0.03) -> float:
+    """Relative error at 72 requests after ``steps`` speculative steps at 1-8 requests with 0.31
+    ms of host work per request (triton, H200, 8B-shaped) and ``jitter`` per step."""
+    rng = np.random.default_rng(seed)
+    cost = new_cost()
+    for _ in range(steps):
+        b = int(rng.integers(1, 9))
+        ms = plain_replay(bucket_of(b)) + 2.4 + 0.31 * b + KV_PRIOR_MS * 700 * b
+        cost.add(bucket_of(b), 700 * b, ms * float(np.exp(rng.normal(0.0, jitter))), batch_size=b)
+    truth = plain_replay(72) + 2.4 + 0.31 * 72 + KV_PRIOR_MS * 72 * 700
+    return cost.predict(72, 72 * 700) / truth - 1.0
+
+
 def test_host_work_per_request_seen_at_light_load_carries_to_a_burst() -> None:
-    """16 speculative steps at 1-8 requests (light traffic) with 0.31 ms of host work per request:
+    """64 steps of light traffic (about half a second) with 0.31 ms of host work per request:
     a step of 72 requests is predicted within 15% (a ridge prior pulling the per-request cost to
     0 with the weight of 4 steps spread 16 requests apart predicted 13.5 ms for 32.7)."""
-    rng = np.random.default_rng(5)
+    assert max(abs(_light_then_predict(seed)) for seed in range(10)) <= 0.15
+
+
+def _narrow_then_predict(seed: int) -> float:
+    """Relative error at 117 requests after 14 plain steps at 29-30 requests (3% jitter): what a
+    server that left speculation for a moment at one batch size knows of plain steps."""
+    rng = np.random.default_rng(seed)
     cost = new_cost()
-    for _ in range(16):
-        b = int(rng.integers(1, 9))
-        cost.add(bucket_of(b), 700 * b, plain_replay(bucket_of(b)) + 2.4 + 0.31 * b + KV_PRIOR_MS * 700 * b,
-                 batch_size=b)
-    truth = plain_replay(72) + 2.4 + 0.31 * 72 + KV_PRIOR_MS * 72 * 700
-    assert cost.predict(72, 72 * 700) == pytest.approx(truth, rel=0.15)
+    for _ in range(14):
+        b = int(rng.integers(29, 31))
+        ms = plain_replay(bucket_of(b)) + 0.5 + KV_PRIOR_MS * 630 * b
+        cost.add(bucket_of(b), 630 * b, ms * float(np.exp(rng.normal(0.0, 0.03))), batch_size=b)
+    truth = plain_replay(120) + 0.5 + KV_PRIOR_MS * 117 * 630
+    return cost.predict(117, 117 * 630) / truth - 1.0
+
+
+def test_steps_at_one_batch_size_do_not_invent_a_per_request_cost() -> None:
+    """Without a prior on the per-request cost such steps fitted up to 0.27 ms per request (noise)
+    and priced a plain step at 117 requests at 2.3x its cost in the worst of these seeds; the
+    traffic model (tools/serving_model.py, triton-shaped, 20 req/s) then kept speculating at
+    100+ requests for 300 steps, median E2E 1.6x plain's."""
+    assert max(abs(_narrow_then_predict(seed)) for seed in range(20)) <= 0.25
 
 
 def test_one_unlucky_verify_does_not_set_the_acceptance() -> None:

@@ -47,6 +47,13 @@ GLOBAL_FIT_MEMORY_SAMPLES = 2048
 # PRIOR_KV_SPREAD_TOKENS apart at the same batch size.
 PRIOR_SLOPE_SAMPLES = 64.0
 PRIOR_KV_SPREAD_TOKENS = 16384.0
+# The per-request cost beyond the replay is pulled to 0 with the weight of PRIOR_BATCH_SAMPLES
+# steps spread PRIOR_BATCH_SPREAD_REQUESTS apart: the replay already grows with the batch, and
+# steps of one or two batch sizes cannot tell host work per request from noise (14 steps at
+# 29-30 requests with 3% jitter fitted up to 0.27 ms per request, a plain step at 117 priced at
+# 3.4x its cost). Light traffic over 1-8 requests outweighs it within half a second of steps.
+PRIOR_BATCH_SAMPLES = 8.0
+PRIOR_BATCH_SPREAD_REQUESTS = 2.0
 # A timed step this many times its prediction is a stall, not a cost, unless STALL_RUN come in a
 # row at one bucket (then the prediction was wrong: a bucket the replay could not time).
 STALL_FACTOR = 4.0
@@ -203,11 +210,10 @@ class ModeCost:
         self._residuals[bucket].add(b, y, self._bucket_keep, kv_tokens)
 
     def _refit(self) -> None:
-        # Ridge priors: the KV slope at its physical prior (weight as PRIOR_SLOPE_SAMPLES steps
-        # spread PRIOR_KV_SPREAD_TOKENS apart); a tiny pull of the per-request cost to 0 keeps
-        # the system solvable while every step so far had one batch size (a real prior there
-        # would price speculation's 0.3 ms of host work per request low after light traffic).
-        prior = [0.0, 1e-6, PRIOR_SLOPE_SAMPLES * PRIOR_KV_SPREAD_TOKENS**2]
+        # Ridge priors: the KV slope at its physical prior, the per-request cost at 0 (weights
+        # as PRIOR_SLOPE_SAMPLES steps spread PRIOR_KV_SPREAD_TOKENS / _BATCH_SPREAD_REQUESTS apart).
+        prior = [0.0, PRIOR_BATCH_SAMPLES * PRIOR_BATCH_SPREAD_REQUESTS**2,
+                 PRIOR_SLOPE_SAMPLES * PRIOR_KV_SPREAD_TOKENS**2]
         target = [0.0, 0.0, self.prior_per_kv_token_ms]
         a = [[self._xx[i][j] + (prior[i] if i == j else 0.0) for j in range(3)] for i in range(3)]
         y = [self._xy[i] + prior[i] * target[i] for i in range(3)]
