@@ -73,8 +73,8 @@ def _narrow_then_predict(seed: int) -> float:
 def test_steps_at_one_batch_size_do_not_invent_a_per_request_cost() -> None:
     """Without a prior on the per-request cost such steps fitted up to 0.27 ms per request (noise)
     and priced a plain step at 117 requests at 2.3x its cost in the worst of these seeds; the
-    traffic model (tools/serving_model.py, triton-shaped, 20 req/s) then kept speculating at
-    100+ requests for 300 steps, median E2E 1.6x plain's."""
+    traffic model (tools/serving_model.py, triton-shaped costs, one seed of Poisson 20 req/s)
+    then kept speculating at 100+ requests for 300 steps, median E2E 1.6x plain's."""
     assert max(abs(_narrow_then_predict(seed)) for seed in range(20)) <= 0.25
 
 

@@ -1,0 +1,140 @@
+"""tools/serving_model.py: a model of one server under the benchmark's workloads, where the
+policy's decisions feed back into the load (a replay cannot show that). The model's own
+bookkeeping, then the automatic policy on modelled open-loop traffic at rates, acceptance
+levels and mixtures the GPU benchmark has not run, with the draft's prefill share at 0 so
+that the rows judge the policy alone (the share is a cost of EAGLE-3's prefill, paid in both
+modes). Model results, not measurements: no speed of this machine is asserted."""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "benchmark"))
+
+import serving_model as sm  # noqa: E402
+from sweeplib.workloads import Segment, Workload, parse_workloads  # noqa: E402
+
+from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy, ThresholdPolicyConfig  # noqa: E402
+
+TRITON = replace(sm.COSTS["triton"], draft_prefill_share=0.0)
+FA3 = replace(sm.COSTS["fa3"], draft_prefill_share=0.0)
+
+
+def one(name: str):
+    return parse_workloads([name])[0]
+
+
+def served(workload, costs=FA3, acceptance="3.0", decide=lambda obs: DecodeMode.PLAIN, speculative=False):
+    client = sm.Client(workload.segments, workload.acceptance or acceptance, seed=0)
+    return client, sm.serve(client, decide, costs, sm.ServerShape(), speculative, seed=0)
+
+
+def test_every_request_is_answered_with_its_own_length() -> None:
+    client, out = served(one("poisson-30@4"), decide=lambda obs: DecodeMode.SPECULATIVE, speculative=True)
+    assert len(client.requests) == round(30 * 4)
+    assert all(r.done_ms is not None and r.emitted == r.output_len for r in client.requests)
+    assert all(r.arrival_ms <= r.first_ms <= r.done_ms for r in client.requests)
+    assert all(256 <= r.input_len <= 1024 and 128 <= r.output_len <= 512 for r in client.requests)
+
+
+def test_a_closed_loop_keeps_its_concurrency_and_segments_follow_each_other() -> None:
+    workload = Workload("two", (Segment(512, 64, 40, concurrency=8, idle_s=2.0), Segment(256, 32, 10)))
+    client, out = served(workload)
+    first, second = client.requests[:40], client.requests[40:]
+    assert len(second) == 10
+    events = sorted([(r.arrival_ms, 1) for r in first] + [(r.done_ms, -1) for r in first])
+    assert max(np.cumsum([e for _, e in events])) == 8
+    assert min(r.arrival_ms for r in second) == pytest.approx(max(r.done_ms for r in first) + 2000.0)
+
+
+def test_a_plain_step_yields_one_token_per_request_and_speculation_its_acceptance() -> None:
+    for mean in (1.3, 2.2, 3.5):
+        p = sm._draft_probability(mean, 3)
+        assert sum(p ** i for i in range(4)) == pytest.approx(mean, abs=1e-6)
+    _, plain = served(one("closed-16@512x200"))
+    assert plain.decode_steps == 2 * 199 and plain.speculative_steps == 0
+    client, spec = served(one("closed-16@512x200"), acceptance="2.5",
+                          decide=lambda obs: DecodeMode.SPECULATIVE, speculative=True)
+    tokens = sum(r.accepted for r in client.requests) / sum(r.verifies for r in client.requests)
+    assert tokens == pytest.approx(2.5, abs=0.1)  # capped at each request's last tokens
+
+
+def test_the_draft_prefill_share_delays_first_tokens() -> None:
+    taxed = replace(FA3, draft_prefill_share=0.06, noise=0.0)
+    workload = one("closed-1@2048x16")
+    ttft = [served(workload, costs=c, speculative=True)[1].metrics()["ttft_p50"]
+            for c in (replace(FA3, noise=0.0), taxed)]
+    assert ttft[1] == pytest.approx(1.06 * ttft[0])
+
+
+# (workload, costs, acceptance): rates from light to overload, acceptance from poor to good, a
+# mixture, a load step; none of these rate / acceptance pairs is a GPU benchmark row.
+CASES = [
+    ("poisson-40@6", TRITON, "3.0"),  # overload, speculation pays only at small batches
+    ("poisson-18@8", TRITON, "3.0"),  # near the crossover
+    ("poisson-25@8", TRITON, "2.5"),
+    ("poisson-16@8", TRITON, "3.5"),  # speculation pays up to the load's batch
+    ("poisson-12@8", FA3, "1.6"),  # speculation never pays
+    ("poisson-30@6", FA3, "1.8"),  # near fa3's tie
+    ("poisson-3@10", FA3, "2.2"),  # light
+    ("poisson-14@8~1.3:0.5/4.0:0.5", TRITON, "3.0"),  # half the requests accept poorly
+    ("load-step", TRITON, "3.0"),
+]
+
+
+def ratios(workload, costs, acceptance, policy_factory=sm.dynamic_policy):
+    m = sm.run(workload, costs, acceptance, policy_factory=policy_factory)
+    p, e, d = m["plain"], m["eagle3"], m["dynamic"]
+    return {"tok_s": d["tok_s"] / max(p["tok_s"], e["tok_s"]),
+            "e2e_p50": d["e2e_p50"] / min(p["e2e_p50"], e["e2e_p50"]),
+            "ttft_p99": d["ttft_p99"] / p["ttft_p99"]}
+
+
+BARS = {"tok_s": ("min", 0.97), "e2e_p50": ("max", 1.05), "ttft_p99": ("max", 1.25)}
+
+
+def breaks(r) -> list:
+    return [k for k, (side, bar) in BARS.items() if (r[k] < bar if side == "min" else r[k] > bar)]
+
+
+@pytest.mark.parametrize("name, costs, acceptance", CASES, ids=[f"{c[0]}~{c[2]}" for c in CASES])
+def test_the_policy_on_modelled_open_loop_traffic(name, costs, acceptance) -> None:
+    """Throughput at least 0.97x the better of plain and EAGLE-3, median E2E at most 1.05x the
+    better one's, p99 TTFT at most 1.25x plain's (one seed each)."""
+    r = ratios(one(name), costs, acceptance)
+    assert not breaks(r), r
+
+
+def always_speculate(costs, shape):
+    return ThresholdPolicy(ThresholdPolicyConfig(0, 0, 1, sm.SPEC_GRAPHS[-1]))
+
+
+def never_speculate(costs, shape):
+    return ThresholdPolicy(ThresholdPolicyConfig(1, 1, 1, sm.SPEC_GRAPHS[-1]))
+
+
+@pytest.mark.parametrize("name, costs, acceptance, factory, bar", [
+    ("poisson-40@6", TRITON, "3.0", always_speculate, "tok_s"),  # EAGLE-3 without its cap, at overload
+    ("poisson-3@10", replace(FA3, noise=0.0), "2.2", never_speculate, "e2e_p50"),  # plain where speculation pays
+    ("poisson-12@8", replace(FA3, draft_prefill_share=0.4), "1.6", sm.dynamic_policy, "ttft_p99"),
+], ids=["always speculate", "never speculate", "a dear draft prefill"])
+def test_each_bar_fails_on_a_broken_variant(name, costs, acceptance, factory, bar) -> None:
+    """The negative controls: each bar of the test above, broken once (in the third, the
+    policy is the real one and the prefill is what is broken)."""
+    r = ratios(one(name), costs, acceptance, policy_factory=factory)
+    assert bar in breaks(r), r
+
+
+def test_the_tool_prints_a_table(capsys) -> None:
+    assert sm.main(["--workloads", "poisson-4@3", "--costs", "triton"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("Modelled") and lines[-1].startswith("| poisson-4@3 |")
+    assert math.isfinite(float(lines[-1].split("|")[3]))

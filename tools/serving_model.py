@@ -1,0 +1,414 @@
+"""A model of one sglang server under open-loop traffic, to judge a switching policy where its
+decisions feed back into the load: a slow mode lets the queue grow, the batch fills to the KV
+pool, and requests wait longer for their first token. A replay of a recorded trace cannot show
+that (its batches are the recorded ones, whatever the policy decides); this model can, on
+traffic no GPU run has seen. It is a model, not a measurement: its numbers say what the policy
+does under the step model below, and where the policy and the model disagree with a GPU run
+the GPU run wins.
+
+The server (sglang 0.5.17's scheduler, simplified): each loop runs either one prefill batch
+(waiting requests admitted in arrival order while the running batch is under its cap, the
+prefill under ``chunk_tokens`` and the KV pool holds their prompts plus a reserve of
+``new_token_ratio`` of their outputs) or one decode step of every running request. A request's
+first token comes with its prefill. Costs (milliseconds, named quantities of the GPU and model):
+
+    plain step  = plain_fixed + plain_per_request * b + K * target_kv_bytes / bandwidth
+    spec step   = spec_fixed + spec_per_request * b + K * (target + (draft_steps + 1) * draft)
+                  KV bytes / bandwidth
+    prefill     = prefill_fixed + tokens * 2 * params / achieved_flops, times (1 + the draft's
+                  share) on a server that speculates (EAGLE-3's draft extends every prefill)
+    catch-up    = catchup_fixed + catchup_per_token * tokens
+
+with b the batch, K its KV tokens, every step time drawn with ``noise`` (relative spread). A
+speculative step yields, per request, 1 + the drafts its chain accepts: each of
+``draft_steps`` drafts accepted with the probability that gives the request's mean acceptance.
+The traffic is the GPU benchmark's named workloads (``benchmark/sweeplib/workloads.py``), sent
+as ``sglang.bench_serving`` sends them (``Client``); the policy is fed as the worker feeds it.
+
+    python3 tools/serving_model.py --workloads poisson-40@8,poisson-10@12,load-step --costs fa3
+    python3 tools/serving_model.py --workloads poisson-30,closed-64 --acceptance 1.3:0.5,4.0:0.5 --costs triton
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections import deque
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from sglang_dynamic_eagle.policy.types import DecodeMode, StepObservation
+
+PLAIN, SPEC = DecodeMode.PLAIN, DecodeMode.SPECULATIVE
+# sglang's decode CUDA graph sizes on an H200 without a flag (to 256): the plain list, and
+# the speculative list EAGLE captures (server_args._generate_decode_cuda_graph_batch_sizes).
+PLAIN_GRAPHS = [1, 2, 4, 8, 12] + list(range(16, 257, 8))
+SPEC_GRAPHS = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4))
+               + list(range(72, 257, 8)))
+FEEDBACK_LAG_STEPS = 16  # as the worker: step times come back 8-16 steps late
+
+
+@dataclass(frozen=True)
+class GpuCosts:
+    """One GPU serving one target and draft (defaults: an H200, an 8B-shaped Llama target with
+    an EAGLE-3 draft, fa3 attention; step terms from the start-up calibration of such a server,
+    KV bytes from the shapes, the draft prefill share as measured on traffic: 4-9%)."""
+
+    plain_fixed_ms: float = 4.7
+    plain_per_request_ms: float = 0.03
+    spec_fixed_ms: float = 8.4
+    spec_per_request_ms: float = 0.06
+    target_kv_bytes: float = 131072.0  # 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes
+    draft_kv_bytes: float = 4096.0  # one layer
+    draft_steps: int = 3
+    bandwidth_gbps: float = 4000.0
+    params: float = 8.0e9
+    # Prefill matmul rate: the one number set from a run. Plain decoding served 16.9 req/s of
+    # the mixed-length overload (Poisson 40/s, triton; benchmark/results/2026-12-04-h200-
+    # dummy8b-traffic-policy-v2, run b); the model serves 16.8 with this.
+    achieved_tflops: float = 400.0
+    prefill_fixed_ms: float = 3.0
+    draft_prefill_share: float = 0.06
+    catchup_fixed_ms: float = 1.5
+    catchup_per_token_ms: float = 0.0008
+    noise: float = 0.03
+
+    def plain_ms(self, b: int, kv: float) -> float:
+        return self.plain_fixed_ms + self.plain_per_request_ms * b + kv * self.target_kv_bytes / self.bandwidth_gbps / 1e6
+
+    def spec_ms(self, b: int, kv: float) -> float:
+        kv_bytes = self.target_kv_bytes + (self.draft_steps + 1) * self.draft_kv_bytes
+        return self.spec_fixed_ms + self.spec_per_request_ms * b + kv * kv_bytes / self.bandwidth_gbps / 1e6
+
+    def prefill_ms(self, tokens: int, speculative: bool) -> float:
+        ms = self.prefill_fixed_ms + tokens * 2 * self.params / (self.achieved_tflops * 1e9)
+        return ms * (1 + self.draft_prefill_share) if speculative else ms
+
+    def catchup_ms(self, tokens: int) -> float:
+        return self.catchup_fixed_ms + self.catchup_per_token_ms * tokens if tokens > 0 else 0.0
+
+
+# The same server on triton attention: speculative steps cost far more per request (tree and
+# verify launches per request; 0.31 ms against fa3's 0.06).
+COSTS = {"fa3": GpuCosts(),
+         "triton": GpuCosts(plain_fixed_ms=5.2, plain_per_request_ms=0.016, spec_fixed_ms=8.0,
+                            spec_per_request_ms=0.31)}
+
+
+@dataclass(frozen=True)
+class ServerShape:
+    kv_capacity_tokens: int = 120_000
+    max_running: int = 2048
+    chunk_tokens: int = 8192
+    new_token_ratio: float = 0.3  # share of a running request's remaining output kept free
+    catchup_window: int = 256
+    catchup_max_tokens: int = 8192
+
+
+@dataclass
+class Request:
+    arrival_ms: float
+    input_len: int
+    output_len: int
+    acceptance: float  # mean tokens per verify (bonus included)
+    emitted: int = 0
+    first_ms: Optional[float] = None
+    done_ms: Optional[float] = None
+    verifies: int = 0
+    accepted: int = 0  # tokens of its verifies (bonus included)
+
+
+def _mixture(text: str) -> Tuple[np.ndarray, np.ndarray]:
+    """``MEAN[:SHARE],...`` (the acceptance test plugin's syntax) as (means, probabilities)."""
+    pairs = [part.split(":") for part in text.split(",")]
+    means = np.array([float(p[0]) for p in pairs])
+    shares = np.array([float(p[1]) if len(p) > 1 else 1.0 for p in pairs])
+    return means, shares / shares.sum()
+
+
+class Client:
+    """What ``sglang.bench_serving`` sends for one workload (``benchmark/sweeplib/workloads.py``):
+    its segments one after another, each after the previous one's last answer and its idle gap;
+    Poisson arrivals at a finite rate, all at once at an infinite one, or a closed loop of
+    ``concurrency`` requests. Lengths uniform in [range_ratio x max, max], as bench_serving's
+    random dataset; each request's acceptance drawn from ``acceptance`` (a mixture)."""
+
+    def __init__(self, segments, acceptance: str, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.segments = [s for s in segments if s.prompts] + [None]
+        self.idle_ms = [s.idle_s * 1000.0 for s in segments if s.prompts]
+        self.means, self.shares = _mixture(acceptance)
+        self.requests: List[Request] = []
+        self.queue: deque = deque()  # (arrival_ms, request) not yet sent
+        self.open = 0  # requests of the current segment not yet answered
+        self.index = -1
+
+    def _request(self, segment, arrival_ms: float) -> Request:
+        def length(top: int) -> int:
+            return int(self.rng.integers(max(1, int(top * segment.range_ratio)), top + 1))
+        acceptance = float(self.rng.choice(self.means, p=self.shares))
+        request = Request(arrival_ms, length(segment.input_len), length(segment.output_len), acceptance)
+        self.requests.append(request)
+        return request
+
+    def _start(self, now: float) -> None:
+        self.index += 1
+        segment = self.segments[self.index]
+        if segment is None:
+            return
+        self.segment, self.left, self.open = segment, segment.prompts, segment.prompts
+        if segment.concurrency:
+            for _ in range(min(segment.concurrency, segment.prompts)):
+                self.queue.append(self._request(segment, now))
+            self.left -= len(self.queue)
+        else:
+            gaps = (self.rng.exponential(1000.0 / segment.rate, segment.prompts)
+                    if math.isfinite(segment.rate) else np.zeros(segment.prompts))
+            for t in now + np.cumsum(gaps):
+                self.queue.append(self._request(segment, float(t)))
+            self.left = 0
+
+    def arrivals(self, now: float) -> List[Request]:
+        if self.index < 0:
+            self._start(now)
+        out = []
+        while self.queue and self.queue[0].arrival_ms <= now:
+            out.append(self.queue.popleft())
+        return out
+
+    def next_arrival(self) -> Optional[float]:
+        return self.queue[0].arrival_ms if self.queue else None
+
+    def finished(self, now: float) -> None:
+        """One request of the current segment answered at ``now``."""
+        self.open -= 1
+        if self.segment.concurrency and self.left > 0:
+            self.queue.append(self._request(self.segment, now))
+            self.left -= 1
+        if self.open == 0:
+            self._start(now + self.idle_ms[self.index])
+
+    @property
+    def done(self) -> bool:
+        return self.segments[self.index] is None if self.index >= 0 else False
+
+
+def _draft_probability(mean: float, steps: int) -> float:
+    """p with 1 + p + ... + p^steps = mean (a chain accepts drafts in order)."""
+    low, high = 0.0, 1.0
+    for _ in range(50):
+        p = (low + high) / 2
+        low, high = (p, high) if sum(p ** i for i in range(steps + 1)) < mean else (low, p)
+    return (low + high) / 2
+
+
+@dataclass
+class Served:
+    requests: List[Request]
+    speculative_steps: int = 0
+    decode_steps: int = 0
+    switches: int = 0
+
+    def metrics(self) -> Dict[str, float]:
+        done = [r for r in self.requests if r.done_ms is not None]
+        ttft = [r.first_ms - r.arrival_ms for r in done]
+        e2e = [r.done_ms - r.arrival_ms for r in done]
+        tpot = [(r.done_ms - r.first_ms) / (r.output_len - 1) for r in done if r.output_len > 1]
+        span = max(r.done_ms for r in done) - min(r.arrival_ms for r in done)
+        return {"tok_s": 1000.0 * sum(r.output_len for r in done) / span,
+                **{f"{name}_p{q}": float(np.percentile(values, q)) for name, values in
+                   (("ttft", ttft), ("tpot", tpot or [0.0]), ("e2e", e2e)) for q in (50, 99)},
+                "spec_share": self.speculative_steps / max(1, self.decode_steps),
+                "switches": self.switches}
+
+
+def serve(client: Client, decide: Callable[[StepObservation], DecodeMode], costs: GpuCosts,
+          shape: ServerShape, speculative_server: bool, seed: int = 0, policy=None) -> Served:
+    """Serve ``client``'s requests; ``decide`` picks each decode step's mode; ``policy`` (if
+    given) is fed back step times, verifies and catch-ups as the worker feeds it."""
+    rng = np.random.default_rng(seed)
+    out = Served(client.requests)
+    waiting: deque = deque()
+    running: List[Request] = []
+    chains: Dict[float, float] = {}
+    now, plain_run, previous = 0.0, 0, None
+    timings: deque = deque()
+
+    def jitter(ms: float) -> float:
+        return ms * float(np.exp(rng.normal(0.0, costs.noise)))
+
+    def finish(batch: List[Request]) -> List[Request]:
+        kept = []
+        for r in batch:
+            if r.emitted >= r.output_len:
+                r.done_ms = now
+                client.finished(now)
+            else:
+                kept.append(r)
+        return kept
+
+    while True:
+        waiting.extend(client.arrivals(now))
+        if not waiting and not running:
+            if client.done:
+                break
+            now = client.next_arrival()
+            continue
+        kv_used = sum(r.input_len + r.emitted for r in running)
+        reserve = sum(shape.new_token_ratio * (r.output_len - r.emitted) for r in running)
+        batch, tokens = [], 0
+        while (waiting and len(running) + len(batch) < shape.max_running
+               and (not batch or tokens + waiting[0].input_len <= shape.chunk_tokens)):
+            r = waiting[0]
+            need = r.input_len + shape.new_token_ratio * r.output_len
+            if kv_used + reserve + tokens + need > shape.kv_capacity_tokens:
+                break
+            batch.append(waiting.popleft())
+            tokens += r.input_len
+            reserve += shape.new_token_ratio * r.output_len
+        if batch:
+            now += jitter(costs.prefill_ms(tokens, speculative_server))
+            for r in batch:
+                r.first_ms, r.emitted = now, 1
+            running += finish(batch)
+            continue
+        b, kv = len(running), sum(r.input_len + r.emitted for r in running)
+        obs = StepObservation(batch_size=b, kv_tokens=kv, queued=len(waiting),
+                              verifies=[r.verifies for r in running],
+                              accepted=[r.accepted for r in running],
+                              remaining=[r.output_len - r.emitted for r in running],
+                              step=out.decode_steps + 1)
+        mode = decide(obs)
+        out.decode_steps += 1
+        out.switches += int(previous is not None and mode is not previous)
+        previous = mode
+        if mode is SPEC:
+            catchup = min(b * min(plain_run, shape.catchup_window), shape.catchup_max_tokens)
+            if catchup:
+                ms = jitter(costs.catchup_ms(catchup))
+                now += ms
+                if hasattr(policy, "add_catchup"):
+                    policy.add_catchup(catchup, ms)
+            plain_run = 0
+            step_ms = jitter(costs.spec_ms(b, kv))
+            drafts = []
+            for r in running:
+                p = chains.setdefault(r.acceptance, _draft_probability(r.acceptance, costs.draft_steps))
+                k = 0
+                while k < costs.draft_steps and rng.random() < p:
+                    k += 1
+                drafts.append(k)
+                r.verifies += 1
+                r.accepted += k + 1
+                r.emitted = min(r.output_len, r.emitted + k + 1)
+            if hasattr(policy, "add_verify"):
+                policy.add_verify(drafts)
+            out.speculative_steps += 1
+        else:
+            plain_run += 1
+            step_ms = jitter(costs.plain_ms(b, kv))
+            for r in running:
+                r.emitted += 1
+        now += step_ms
+        timings.append((obs.step, mode, b, kv, step_ms))
+        while hasattr(policy, "add_step_time") and timings and timings[0][0] <= obs.step - FEEDBACK_LAG_STEPS:
+            policy.add_step_time(*timings.popleft())
+        running = finish(running)
+    return out
+
+
+def dynamic_policy(costs: GpuCosts, shape: ServerShape, replay_share: float = 0.9):
+    """The automatic policy as such a server builds it: its graphs timed at start-up (the
+    replay leaves out host work: ``replay_share`` of a step), KV priors from bytes and bandwidth."""
+    from sglang_dynamic_eagle.policy.throughput import ThroughputPolicyConfig, new_throughput_policy
+
+    kv_ms = {PLAIN: costs.target_kv_bytes / costs.bandwidth_gbps / 1e6,
+             SPEC: (costs.target_kv_bytes + (costs.draft_steps + 1) * costs.draft_kv_bytes)
+             / costs.bandwidth_gbps / 1e6}
+    config = ThroughputPolicyConfig(
+        max_speculative_batch=SPEC_GRAPHS[-1], max_running_requests=shape.max_running,
+        kv_capacity_tokens=shape.kv_capacity_tokens, catchup_window=shape.catchup_window,
+        catchup_max_tokens=shape.catchup_max_tokens)
+    calibration = {PLAIN: {b: replay_share * costs.plain_ms(b, 0) for b in PLAIN_GRAPHS},
+                   SPEC: {b: replay_share * costs.spec_ms(b, 0) for b in SPEC_GRAPHS}}
+    return new_throughput_policy(config, {PLAIN: PLAIN_GRAPHS, SPEC: SPEC_GRAPHS}, calibration,
+                                 kv_ms, catchup_prior_fixed_ms=costs.spec_ms(1, 0),
+                                 max_acceptance=costs.draft_steps + 1.0)
+
+
+EAGLE3_MAX_RUNNING = 48  # sglang's cap on running requests for EAGLE-3 without a flag
+CONFIGS = ("plain", "eagle3", "dynamic")
+
+
+def run(workload, costs: GpuCosts, acceptance: str = "3.0", shape: ServerShape = ServerShape(),
+        seed: int = 0, configs: Sequence[str] = CONFIGS, policy_factory=dynamic_policy
+        ) -> Dict[str, Dict[str, float]]:
+    """Each configuration's metrics on the same requests (one seed): plain decoding, EAGLE-3
+    (always speculating, 48 running at most), EAGLE3_DYNAMIC (``policy_factory``'s policy).
+    ``workload``: a ``sweeplib.workloads.Workload`` (its own acceptance wins)."""
+    results = {}
+    for name in configs:
+        client = Client(workload.segments, workload.acceptance or acceptance, seed)
+        if name == "plain":
+            served = serve(client, lambda obs: PLAIN, costs, shape, False, seed)
+        elif name == "eagle3":
+            served = serve(client, lambda obs: SPEC, costs,
+                           replace(shape, max_running=EAGLE3_MAX_RUNNING), True, seed)
+        else:
+            policy = policy_factory(costs, shape)
+            served = serve(client, policy.decide, costs, shape, True, seed, policy=policy)
+        results[name] = served.metrics()
+    return results
+
+
+def row(name: str, m: Dict[str, Dict[str, float]]) -> str:
+    """One line of the table: EAGLE3_DYNAMIC's ratios to plain and to the better of the two."""
+    p, e, d = m["plain"], m["eagle3"], m["dynamic"]
+    best = max(p["tok_s"], e["tok_s"])
+
+    def low(key: str) -> float:
+        return d[key] / min(p[key], e[key])
+    return (f"| {name} | {p['tok_s']:.0f} / {e['tok_s']:.0f} / {d['tok_s']:.0f} | "
+            f"{d['tok_s'] / p['tok_s']:.3f} | {d['tok_s'] / best:.3f} | "
+            f"{d['ttft_p50'] / p['ttft_p50']:.2f} / {d['ttft_p99'] / p['ttft_p99']:.2f} | "
+            f"{low('e2e_p50'):.3f} / {low('e2e_p99'):.3f} | {d['spec_share']:.2f} | {d['switches']:.0f} |")
+
+
+HEADER = ("| workload | output tok/s plain / EAGLE3 / dynamic | dyn / plain | dyn / best | "
+          "TTFT p50 / p99 dyn / plain | E2E p50 / p99 dyn / best | speculative steps | switches |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- |")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default="poisson-40@8,poisson-10@12,load-step,poisson-1.5@20,"
+                        "long-8,poisson-8@12~1.3:0.5/4.0:0.5,closed-32~1.6,poisson-6@12,closed-128~1.6",
+                        help="the benchmark's workload names (benchmark/README.md)")
+    parser.add_argument("--acceptance", default="3.0", help="MEAN[:SHARE],... where a workload names none")
+    parser.add_argument("--costs", choices=sorted(COSTS), default="fa3")
+    parser.add_argument("--draft-prefill-share", type=float, default=None,
+                        help="the draft's prefill over the target's (default: the costs' own)")
+    parser.add_argument("--seeds", type=int, default=1, help="rows per workload, one per seed")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+    from sweeplib.workloads import parse_workloads
+
+    costs = COSTS[args.costs]
+    if args.draft_prefill_share is not None:
+        costs = replace(costs, draft_prefill_share=args.draft_prefill_share)
+    print(f"Modelled (tools/serving_model.py, not measured): {args.costs} costs {costs}, acceptance "
+          f"{args.acceptance} unless named\n")
+    print(HEADER)
+    for workload in parse_workloads([args.workloads]):
+        for seed in range(args.seeds):
+            label = workload.name + (f" (seed {seed})" if args.seeds > 1 else "")
+            print(row(label, run(workload, costs, args.acceptance.replace("/", ","), seed=seed)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
