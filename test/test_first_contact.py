@@ -4,16 +4,15 @@ alone."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import io
-import json
 from pathlib import Path
 from typing import List
 
 import pytest
 
+import sglang_dynamic_eagle
 from sglang_dynamic_eagle.sglang_compat.first_contact import (PTH_FILE, certainly_no_gpu, check,
-                                                              selects_algorithm)
+                                                              launches_sglang, selects_algorithm)
 from sglang_dynamic_eagle.sglang_compat.gpu_check import NEEDS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,10 +43,23 @@ def test_no_gpu_only_when_certain() -> None:
     assert certainly_no_gpu({}, lambda: True) is None  # a driver: torch decides, later
 
 
+@pytest.mark.parametrize("argv, orig_argv, launcher", [
+    (["/venv/bin/sglang", "serve"], ["/venv/bin/python", "/venv/bin/sglang", "serve"], True),
+    (["-m", "--model-path", "m"], ["python", "-m", "sglang.launch_server", "--model-path", "m"], True),
+    (["-m", "--x"], ["python", "-X", "dev", "-m", "sglang.launch_server", "--x"], True),
+    (["-m", "--x"], ["python", "-m", "other.tool", "--x"], False),
+    (["fake_server.py", "--x"], ["python", "fake_server.py", "--x"], False),  # the benchmark tests' fake
+    (["-c", "--x"], ["python", "-c", "...", "--x"], False),
+])
+def test_only_sglangs_launcher_is_checked(argv, orig_argv, launcher) -> None:
+    assert launches_sglang(argv, orig_argv) is launcher
+
+
 def run_check(argv, driver: bool, environ=None) -> List:
     exits: List[int] = []
     err = io.StringIO()
-    check(argv, environ or {}, lambda: driver, stderr=err, exit_fn=exits.append)
+    check(argv, environ or {}, lambda: driver, stderr=err, exit_fn=exits.append,
+          orig_argv=["python", *argv])
     return [exits, err.getvalue()]
 
 
@@ -57,6 +69,7 @@ def test_check_exits_with_one_line_only_without_a_gpu() -> None:
     assert err.count("\n") == 1 and err.startswith(f"error: {NEEDS}; found none")
     assert run_check(["sglang", "serve", *ALGO], driver=True) == [[], ""]
     assert run_check(["sglang", "serve", "--speculative-algorithm", "EAGLE3"], driver=False) == [[], ""]
+    assert run_check(["fake_server.py", *ALGO], driver=False) == [[], ""]
 
 
 def test_the_pth_line_guards_cheaply_and_calls_check() -> None:
@@ -72,15 +85,14 @@ def test_the_pth_line_guards_cheaply_and_calls_check() -> None:
     assert calls == [["-m", "--speculative-algorithm=eagle3_dynamic"], ["sglang", "serve", *ALGO]]
 
 
-def _installed_editable() -> bool:
-    text = importlib.metadata.distribution("sglang-dynamic-eagle").read_text("direct_url.json")
-    return bool(text) and json.loads(text).get("dir_info", {}).get("editable", False)
+PACKAGE_ROOT = Path(sglang_dynamic_eagle.__file__).resolve().parents[1]  # site-packages when installed
 
 
-@pytest.mark.skipif(_installed_editable(), reason="an editable install carries no .pth besides its own")
+@pytest.mark.skipif(not list(PACKAGE_ROOT.glob("sglang_dynamic_eagle-*.dist-info")),
+                    reason="imported from a source tree (an editable install carries no .pth of ours)")
 def test_the_installed_package_carries_the_line() -> None:
-    files = importlib.metadata.distribution("sglang-dynamic-eagle").files or []
-    installed = [f for f in files if f.name == PTH_FILE]
-    assert len(installed) == 1 and str(installed[0]) == PTH_FILE  # the root of site-packages
-    assert installed[0].locate().read_text() == (REPO / "python" / PTH_FILE).read_text()
-
+    """Installed from the wheel (as CI installs it): the line sits beside the package, at the
+    root of site-packages, and the wheel's RECORD lists it."""
+    record = next(PACKAGE_ROOT.glob("sglang_dynamic_eagle-*.dist-info")) / "RECORD"
+    assert any(line.split(",")[0] == PTH_FILE for line in record.read_text().splitlines())
+    assert (PACKAGE_ROOT / PTH_FILE).read_text() == (REPO / "python" / PTH_FILE).read_text()

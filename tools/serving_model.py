@@ -383,6 +383,25 @@ HEADER = ("| workload | output tok/s plain / EAGLE3 / dynamic | dyn / plain | dy
           "| --- | --- | --- | --- | --- | --- | --- | --- |")
 
 
+def random_cases(n: int, seed: int) -> List[Tuple[str, str, str]]:
+    """``n`` (workload, costs, acceptance) drawn at random: Poisson 1-50 req/s, closed loops of
+    1-192, bursts of 16-200; acceptance 1.2-3.8, or two classes half and half."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    for _ in range(n):
+        kind = rng.choice(["poisson", "poisson", "poisson", "closed", "burst"])
+        name = (f"poisson-{rng.uniform(1, 50):.1f}@6" if kind == "poisson" else
+                f"closed-{rng.choice([1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192])}"
+                if kind == "closed" else f"burst-{rng.choice([16, 64, 128, 200])}")
+        if rng.random() < 0.3:
+            low, high = sorted(rng.uniform(1.1, 4.0, 2))
+            acceptance = f"{low:.2f}:0.5,{high:.2f}:0.5"
+        else:
+            acceptance = f"{rng.uniform(1.2, 3.8):.2f}"
+        cases.append((name, str(rng.choice(sorted(COSTS))), acceptance))
+    return cases
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default="poisson-40@8,poisson-10@12,load-step,poisson-1.5@20,"
@@ -393,20 +412,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--draft-prefill-share", type=float, default=None,
                         help="the draft's prefill over the target's (default: the costs' own)")
     parser.add_argument("--seeds", type=int, default=1, help="rows per workload, one per seed")
+    parser.add_argument("--random", type=int, default=0, metavar="N",
+                        help="instead of --workloads: N random workloads, costs and acceptance levels "
+                        "(random_cases), then how many rows fall below 0.97x the better throughput "
+                        "or above 1.05x the better median E2E")
+    parser.add_argument("--random-seed", type=int, default=0)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
     from sweeplib.workloads import parse_workloads
 
-    costs = COSTS[args.costs]
-    if args.draft_prefill_share is not None:
-        costs = replace(costs, draft_prefill_share=args.draft_prefill_share)
-    print(f"Modelled (tools/serving_model.py, not measured): {args.costs} costs {costs}, acceptance "
-          f"{args.acceptance} unless named\n")
+    def costs_of(name: str) -> GpuCosts:
+        share = args.draft_prefill_share
+        return COSTS[name] if share is None else replace(COSTS[name], draft_prefill_share=share)
+
+    if args.random:
+        cases = random_cases(args.random, args.random_seed)
+    else:
+        cases = [(w, args.costs, args.acceptance.replace("/", ","))
+                 for w in parse_workloads([args.workloads])]
+    print(f"Modelled (tools/serving_model.py, not measured): costs {costs_of(args.costs)}"
+          f"{' (the costs named per row)' if args.random else ''}, acceptance {args.acceptance} "
+          "unless named\n")
     print(HEADER)
-    for workload in parse_workloads([args.workloads]):
+    worse = [0, 0]
+    for i, (workload, costs_name, acceptance) in enumerate(cases):
+        if isinstance(workload, str):
+            workload = parse_workloads([workload])[0]
         for seed in range(args.seeds):
-            label = workload.name + (f" (seed {seed})" if args.seeds > 1 else "")
-            print(row(label, run(workload, costs, args.acceptance.replace("/", ","), seed=seed)), flush=True)
+            m = run(workload, costs_of(costs_name), acceptance, seed=i * args.seeds + seed)
+            label = workload.name + (f" ~{acceptance} {costs_name}" if args.random else "")
+            print(row(label + (f" (seed {seed})" if args.seeds > 1 else ""), m), flush=True)
+            p, e, d = m["plain"], m["eagle3"], m["dynamic"]
+            worse[0] += d["tok_s"] < 0.97 * max(p["tok_s"], e["tok_s"])
+            worse[1] += d["e2e_p50"] > 1.05 * min(p["e2e_p50"], e["e2e_p50"])
+    if args.random:
+        print(f"\n{args.random * args.seeds} rows: throughput below 0.97x the better in {worse[0]}, "
+              f"median E2E above 1.05x the better in {worse[1]}")
     return 0
 
 

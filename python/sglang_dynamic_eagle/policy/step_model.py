@@ -45,19 +45,14 @@ FIT_MEMORY_SAMPLES = 64
 GLOBAL_FIT_MEMORY_SAMPLES = 2048
 # Weight of the per-KV-token prior, in samples: as much as 64 steps whose KV tokens are spread
 # PRIOR_KV_SPREAD_TOKENS apart at the same batch size.
-PRIOR_SLOPE_SAMPLES = 64.0
-PRIOR_KV_SPREAD_TOKENS = 16384.0
+PRIOR_SLOPE_SAMPLES, PRIOR_KV_SPREAD_TOKENS = 64.0, 16384.0
 # The per-request cost beyond the replay is pulled to 0 with the weight of PRIOR_BATCH_SAMPLES
-# steps spread PRIOR_BATCH_SPREAD_REQUESTS apart: the replay already grows with the batch, and
-# steps of one or two batch sizes cannot tell host work per request from noise (14 steps at
-# 29-30 requests with 3% jitter fitted up to 0.27 ms per request, a plain step at 117 priced at
-# 3.4x its cost). Light traffic over 1-8 requests outweighs it within half a second of steps.
-PRIOR_BATCH_SAMPLES = 8.0
-PRIOR_BATCH_SPREAD_REQUESTS = 2.0
+# steps spread PRIOR_BATCH_SPREAD_REQUESTS apart: steps at one or two batch sizes cannot tell
+# host work per request from noise; light traffic over 1-8 requests outweighs it in 0.5 s.
+PRIOR_BATCH_SAMPLES, PRIOR_BATCH_SPREAD_REQUESTS = 8.0, 2.0
 # A timed step this many times its prediction is a stall, not a cost, unless STALL_RUN come in a
 # row at one bucket (then the prediction was wrong: a bucket the replay could not time).
-STALL_FACTOR = 4.0
-STALL_RUN = 3
+STALL_FACTOR, STALL_RUN = 4.0, 3
 # The least a step is predicted to take (a fit extrapolated to small batches can go below 0).
 MIN_STEP_MS = 0.05
 # A request's own acceptance weighs as much as the server-wide mean after this many verifies.
@@ -210,8 +205,7 @@ class ModeCost:
         self._residuals[bucket].add(b, y, self._bucket_keep, kv_tokens)
 
     def _refit(self) -> None:
-        # Ridge priors: the KV slope at its physical prior, the per-request cost at 0 (weights
-        # as PRIOR_SLOPE_SAMPLES steps spread PRIOR_KV_SPREAD_TOKENS / _BATCH_SPREAD_REQUESTS apart).
+        # Ridge priors: the KV slope at its physical prior, the per-request cost at 0.
         prior = [0.0, PRIOR_BATCH_SAMPLES * PRIOR_BATCH_SPREAD_REQUESTS**2,
                  PRIOR_SLOPE_SAMPLES * PRIOR_KV_SPREAD_TOKENS**2]
         target = [0.0, 0.0, self.prior_per_kv_token_ms]

@@ -5,8 +5,9 @@ machine without CUDA they print 9-11 lines of warnings (Triton, AWQ, GGUF, CUDA_
 detect CUDA architecture", and ``python -m sglang.launch_server``'s own deprecation note) above
 the launcher's one-line refusal (``gpu_check``). The wheel installs one line in site-packages,
 ``sglang_dynamic_eagle_first_contact.pth``, which Python runs at start-up: in a process whose
-command line selects ``--speculative-algorithm EAGLE3_DYNAMIC`` it calls :func:`check`, which
-exits with ``gpu_check``'s one line when the machine certainly has no NVIDIA GPU. Every other
+command line selects ``--speculative-algorithm EAGLE3_DYNAMIC`` it calls :func:`check`, which,
+in sglang's launcher (``sglang serve``, ``python -m sglang.launch_server``), exits with
+``gpu_check``'s one line when the machine certainly has no NVIDIA GPU. Every other
 process pays one string search of its command line; this module is not imported there.
 
 "Certainly": the NVIDIA driver library does not load, or ``CUDA_VISIBLE_DEVICES`` hides every
@@ -51,6 +52,17 @@ def selects_algorithm(argv: Sequence[str]) -> bool:
             and (device is None or device.startswith("cuda")))
 
 
+def launches_sglang(argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
+    """Whether the process is sglang's launcher: ``sglang ...`` (the console script) or
+    ``python -m sglang....`` (at start-up ``sys.argv[0]`` is ``-m``; ``sys.orig_argv`` names the
+    module). Other programs that take the same flags (a test's fake server, a wrapper) are left
+    alone."""
+    if argv and os.path.basename(argv[0]) == "sglang":
+        return True
+    modules = [orig_argv[i + 1] for i, arg in enumerate(orig_argv[:-1]) if arg == "-m"]
+    return bool(argv) and argv[0] == "-m" and bool(modules) and modules[0].split(".")[0] == "sglang"
+
+
 def _driver_loads() -> bool:
     try:
         ctypes.CDLL(DRIVER_LIBRARY)  # maps the library; no cuInit, no CUDA context
@@ -70,11 +82,13 @@ def certainly_no_gpu(environ=os.environ, driver_loads: Callable[[], bool] = _dri
 
 
 def check(argv: Sequence[str], environ=os.environ, driver_loads: Callable[[], bool] = _driver_loads,
-          stderr=None, exit_fn: Callable[[int], None] = os._exit) -> None:
-    """Exit with one line when ``argv`` starts EAGLE3_DYNAMIC on a machine with no NVIDIA GPU.
-    ``os._exit``: a ``SystemExit`` raised while Python runs a ``.pth`` line would print a
-    traceback of ``site.py``."""
-    if not selects_algorithm(argv):
+          stderr=None, exit_fn: Callable[[int], None] = os._exit,
+          orig_argv: Optional[Sequence[str]] = None) -> None:
+    """Exit with one line when sglang's launcher starts EAGLE3_DYNAMIC on a machine with no
+    NVIDIA GPU. ``os._exit``: a ``SystemExit`` raised while Python runs a ``.pth`` line would
+    print a traceback of ``site.py``."""
+    orig = getattr(sys, "orig_argv", ()) if orig_argv is None else orig_argv
+    if not (selects_algorithm(argv) and launches_sglang(argv, orig)):
         return
     reason = certainly_no_gpu(environ, driver_loads)
     if reason is None:

@@ -124,7 +124,7 @@ SERVER_RELIANCES: Tuple[UpstreamReliance, ...] = (
         target="sglang's import order: kernel modules before plugins (behaviour)",
         how="the wheel installs sglang_dynamic_eagle_first_contact.pth at the root of "
         "site-packages; Python runs its line at every start: a substring test of sys.argv, and "
-        "for a command line selecting EAGLE3_DYNAMIC on CUDA, first_contact.check, which exits "
+        "for sglang's launcher selecting EAGLE3_DYNAMIC on CUDA, first_contact.check, which exits "
         "with one line when libcuda.so.1 does not load or CUDA_VISIBLE_DEVICES hides every GPU",
         why="sglang imports its kernel and quantization modules before load_plugins, and "
         "without CUDA they print 9-11 warning lines above the launcher's one-line refusal "
