@@ -96,3 +96,10 @@ def test_the_installed_package_carries_the_line() -> None:
     record = next(PACKAGE_ROOT.glob("sglang_dynamic_eagle-*.dist-info")) / "RECORD"
     assert any(line.split(",")[0] == PTH_FILE for line in record.read_text().splitlines())
     assert (PACKAGE_ROOT / PTH_FILE).read_text() == (REPO / "python" / PTH_FILE).read_text()
+
+
+def test_the_sdist_carries_the_line() -> None:
+    """setup.py copies the line from the source tree: an sdist built without it cannot build its
+    wheel (MANIFEST.in names it)."""
+    manifest = (REPO / "MANIFEST.in").read_text().splitlines()
+    assert f"include python/{PTH_FILE}" in manifest

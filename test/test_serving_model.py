@@ -76,7 +76,7 @@ def test_the_draft_prefill_share_delays_first_tokens() -> None:
 
 
 # (workload, costs, acceptance): rates from light to overload, acceptance from poor to good, a
-# mixture, a load step; none of these rate / acceptance pairs is a GPU benchmark row.
+# mixture, a load step; of these rate / acceptance pairs only the load step is a GPU benchmark row.
 CASES = [
     ("poisson-40@6", TRITON, "3.0"),  # overload, speculation pays only at small batches
     ("poisson-18@8", TRITON, "3.0"),  # near the crossover
@@ -90,8 +90,8 @@ CASES = [
 ]
 
 
-def ratios(workload, costs, acceptance, policy_factory=sm.dynamic_policy):
-    m = sm.run(workload, costs, acceptance, policy_factory=policy_factory)
+def ratios(workload, costs, acceptance, policy_factory=sm.dynamic_policy, seeds: int = 1):
+    m = sm.run_seeds(workload, costs, acceptance, seeds, policy_factory=policy_factory)
     p, e, d = m["plain"], m["eagle3"], m["dynamic"]
     return {"tok_s": d["tok_s"] / max(p["tok_s"], e["tok_s"]),
             "e2e_p50": d["e2e_p50"] / min(p["e2e_p50"], e["e2e_p50"]),
@@ -108,8 +108,8 @@ def breaks(r) -> list:
 @pytest.mark.parametrize("name, costs, acceptance", CASES, ids=[f"{c[0]}~{c[2]}" for c in CASES])
 def test_the_policy_on_modelled_open_loop_traffic(name, costs, acceptance) -> None:
     """Throughput at least 0.97x the better of plain and EAGLE-3, median E2E at most 1.05x the
-    better one's, p99 TTFT at most 1.25x plain's (one seed each)."""
-    r = ratios(one(name), costs, acceptance)
+    better one's, p99 TTFT at most 1.25x plain's (each metric the mean of two seeds)."""
+    r = ratios(one(name), costs, acceptance, seeds=2)
     assert not breaks(r), r
 
 
