@@ -19,11 +19,15 @@ first token comes with its prefill. Costs (milliseconds, named quantities of the
                   share) on a server that speculates (EAGLE-3's draft extends every prefill)
     catch-up    = catchup_fixed + catchup_per_token * tokens
 
-with b the batch, K its KV tokens, every step time drawn with ``noise`` (relative spread). A
+with b the batch, K its KV tokens, every step time drawn with ``noise`` (relative spread); the
+policy's start-up calibration is each step's graph replay (``GpuCosts.replay_ms``: a share of
+the step, or on triton a flat speculative replay with the host work left to the fit). A
 speculative step yields, per request, 1 + the drafts its chain accepts: each of
-``draft_steps`` drafts accepted with the probability that gives the request's mean acceptance.
-The traffic is the GPU benchmark's named workloads (``benchmark/sweeplib/workloads.py``), sent
-as ``sglang.bench_serving`` sends them (``Client``); the policy is fed as the worker feeds it.
+``draft_steps`` drafts accepted with the probability that gives the request's mean acceptance
+(or, ``--draws simulated``, as the GPU benchmark's simulated acceptance). The traffic is the GPU
+benchmark's named workloads (``benchmark/sweeplib/workloads.py``), sent as
+``sglang.bench_serving`` sends them (``Client``), after its warm-up workload; the policy is fed
+as the worker feeds it.
 
     python3 tools/serving_model.py --workloads poisson-40@8,poisson-10@12,load-step --costs fa3
     python3 tools/serving_model.py --workloads poisson-30,closed-64 --acceptance 1.3:0.5,4.0:0.5 --costs triton
@@ -76,6 +80,16 @@ class GpuCosts:
     catchup_fixed_ms: float = 1.5
     catchup_per_token_ms: float = 0.0008
     noise: float = 0.03
+    # What the start-up replay of a step's CUDA graph times (the policy's prior): this share of
+    # the step, the rest host work; or, where set, a flat replay of the speculative step.
+    replay_share: float = 0.9
+    spec_replay_ms: Optional[float] = None
+
+    def replay_ms(self, speculative: bool, b: int) -> float:
+        if speculative and self.spec_replay_ms is not None:
+            return self.spec_replay_ms
+        step = self.spec_ms(b, 0) if speculative else self.plain_ms(b, 0)
+        return self.replay_share * step
 
     def plain_ms(self, b: int, kv: float) -> float:
         return self.plain_fixed_ms + self.plain_per_request_ms * b + kv * self.target_kv_bytes / self.bandwidth_gbps / 1e6
@@ -92,11 +106,12 @@ class GpuCosts:
         return self.catchup_fixed_ms + self.catchup_per_token_ms * tokens if tokens > 0 else 0.0
 
 
-# The same server on triton attention: speculative steps cost far more per request (tree and
-# verify launches per request; 0.31 ms against fa3's 0.06).
+# The same server on triton attention, fitted to timed steps of the committed Poisson trace: a
+# speculative step is its graph's replay (5.6 ms) plus 2.4 ms and 0.31 ms per request of host
+# work (tree building and verify per request) the replay leaves out.
 COSTS = {"fa3": GpuCosts(),
          "triton": GpuCosts(plain_fixed_ms=5.2, plain_per_request_ms=0.016, spec_fixed_ms=8.0,
-                            spec_per_request_ms=0.31)}
+                            spec_per_request_ms=0.31, spec_replay_ms=5.6)}
 
 
 @dataclass(frozen=True)
@@ -107,6 +122,11 @@ class ServerShape:
     new_token_ratio: float = 0.3  # share of a running request's remaining output kept free
     catchup_window: int = 256
     catchup_max_tokens: int = 8192
+    # How a verify's accepted drafts are drawn: "chain" (each draft accepted with a fixed
+    # probability until one is not, as from a draft model) or "simulated" (as the GPU benchmark's
+    # simulated acceptance: the floor or ceiling of the mean, one draw per verify for the whole
+    # batch as sglang's SGLANG_SIMULATE_ACC_LEN, one per request with the test plugin's mixtures).
+    acceptance_draws: str = "chain"
 
 
 @dataclass
@@ -135,10 +155,13 @@ class Client:
     its segments one after another, each after the previous one's last answer and its idle gap;
     Poisson arrivals at a finite rate, all at once at an infinite one, or a closed loop of
     ``concurrency`` requests. Lengths uniform in [range_ratio x max, max], as bench_serving's
-    random dataset; each request's acceptance drawn from ``acceptance`` (a mixture)."""
+    random dataset; each request's acceptance drawn from ``acceptance`` (a mixture). The
+    ``warmup`` segments go first, unrecorded, as the benchmark warms every server up once."""
 
-    def __init__(self, segments, acceptance: str, seed: int) -> None:
+    def __init__(self, segments, acceptance: str, seed: int, warmup=()) -> None:
         self.rng = np.random.default_rng(seed)
+        self.unrecorded = sum(s.prompts for s in warmup)
+        segments = tuple(warmup) + tuple(segments)
         self.segments = [s for s in segments if s.prompts] + [None]
         self.idle_ms = [s.idle_s * 1000.0 for s in segments if s.prompts]
         self.means, self.shares = _mixture(acceptance)
@@ -191,6 +214,10 @@ class Client:
             self.left -= 1
         if self.open == 0:
             self._start(now + self.idle_ms[self.index])
+
+    @property
+    def recorded(self) -> List[Request]:
+        return self.requests[self.unrecorded:]
 
     @property
     def done(self) -> bool:
@@ -296,13 +323,19 @@ def serve(client: Client, decide: Callable[[StepObservation], DecodeMode], costs
             plain_run = 0
             step_ms = jitter(costs.spec_ms(b, kv))
             drafts = []
+            shared = (shape.acceptance_draws == "simulated"
+                      and len({r.acceptance for r in running}) == 1 and rng.random())
             for r in running:
-                if r.acceptance not in chains:
-                    chains[r.acceptance] = _draft_probability(r.acceptance, costs.draft_steps)
-                p = chains[r.acceptance]
-                k = 0
-                while k < costs.draft_steps and rng.random() < p:
-                    k += 1
+                if shape.acceptance_draws == "simulated":
+                    mean = min(float(costs.draft_steps + 1), r.acceptance)
+                    k = int(mean) - 1 + int((shared if shared is not False else rng.random())
+                                            < mean - int(mean))
+                else:
+                    if r.acceptance not in chains:
+                        chains[r.acceptance] = _draft_probability(r.acceptance, costs.draft_steps)
+                    k = 0
+                    while k < costs.draft_steps and rng.random() < chains[r.acceptance]:
+                        k += 1
                 drafts.append(k)
                 r.verifies += 1
                 r.accepted += k + 1
@@ -320,12 +353,13 @@ def serve(client: Client, decide: Callable[[StepObservation], DecodeMode], costs
         while hasattr(policy, "add_step_time") and timings and timings[0][0] <= obs.step - FEEDBACK_LAG_STEPS:
             policy.add_step_time(*timings.popleft())
         running = finish(running)
+    out.requests = client.recorded
     return out
 
 
-def dynamic_policy(costs: GpuCosts, shape: ServerShape, replay_share: float = 0.9):
-    """The automatic policy as such a server builds it: its graphs timed at start-up (the
-    replay leaves out host work: ``replay_share`` of a step), KV priors from bytes and bandwidth."""
+def dynamic_policy(costs: GpuCosts, shape: ServerShape, replay_scale: float = 1.0):
+    """The automatic policy as such a server builds it: its graphs timed at start-up
+    (``GpuCosts.replay_ms``, read at ``replay_scale`` times), KV priors from bytes and bandwidth."""
     from sglang_dynamic_eagle.policy.throughput import ThroughputPolicyConfig, new_throughput_policy
 
     kv_ms = {PLAIN: costs.target_kv_bytes / costs.bandwidth_gbps / 1e6,
@@ -335,8 +369,8 @@ def dynamic_policy(costs: GpuCosts, shape: ServerShape, replay_share: float = 0.
         max_speculative_batch=SPEC_GRAPHS[-1], max_running_requests=shape.max_running,
         kv_capacity_tokens=shape.kv_capacity_tokens, catchup_window=shape.catchup_window,
         catchup_max_tokens=shape.catchup_max_tokens)
-    calibration = {PLAIN: {b: replay_share * costs.plain_ms(b, 0) for b in PLAIN_GRAPHS},
-                   SPEC: {b: replay_share * costs.spec_ms(b, 0) for b in SPEC_GRAPHS}}
+    calibration = {mode: {b: replay_scale * costs.replay_ms(mode is SPEC, b) for b in graphs}
+                   for mode, graphs in ((PLAIN, PLAIN_GRAPHS), (SPEC, SPEC_GRAPHS))}
     return new_throughput_policy(config, {PLAIN: PLAIN_GRAPHS, SPEC: SPEC_GRAPHS}, calibration,
                                  kv_ms, catchup_prior_fixed_ms=costs.spec_ms(1, 0),
                                  max_acceptance=costs.draft_steps + 1.0)
@@ -347,14 +381,15 @@ CONFIGS = ("plain", "eagle3", "dynamic")
 
 
 def run(workload, costs: GpuCosts, acceptance: str = "3.0", shape: ServerShape = ServerShape(),
-        seed: int = 0, configs: Sequence[str] = CONFIGS, policy_factory=dynamic_policy
-        ) -> Dict[str, Dict[str, float]]:
+        seed: int = 0, configs: Sequence[str] = CONFIGS, policy_factory=dynamic_policy,
+        warmup=()) -> Dict[str, Dict[str, float]]:
     """Each configuration's metrics on the same requests (one seed): plain decoding, EAGLE-3
     (always speculating, 48 running at most), EAGLE3_DYNAMIC (``policy_factory``'s policy).
-    ``workload``: a ``sweeplib.workloads.Workload`` (its own acceptance wins)."""
+    ``workload``: a ``sweeplib.workloads.Workload`` (its own acceptance wins); ``warmup``:
+    segments served first and not recorded (none: a fresh server meets the workload)."""
     results = {}
     for name in configs:
-        client = Client(workload.segments, workload.acceptance or acceptance, seed)
+        client = Client(workload.segments, workload.acceptance or acceptance, seed, warmup)
         if name == "plain":
             served = serve(client, lambda obs: PLAIN, costs, shape, False, seed)
         elif name == "eagle3":
@@ -421,6 +456,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--costs", choices=sorted(COSTS), default="fa3")
     parser.add_argument("--draft-prefill-share", type=float, default=None,
                         help="the draft's prefill over the target's (default: the costs' own)")
+    parser.add_argument("--draws", choices=("chain", "simulated"), default="chain",
+                        help="accepted drafts per verify: a draft chain, or as the GPU benchmark's "
+                        "simulated acceptance (for comparing with its runs)")
+    parser.add_argument("--warmup", default="warmup",
+                        help="a workload every server serves first, unrecorded, as the benchmark's "
+                        "--warmup (default: its default), or none: a fresh server")
     parser.add_argument("--seeds", type=int, default=1,
                         help="seeds 0 .. N-1 per row (the same for every row), each metric their mean")
     parser.add_argument("--random", type=int, default=0, metavar="N",
@@ -436,6 +477,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         share = args.draft_prefill_share
         return COSTS[name] if share is None else replace(COSTS[name], draft_prefill_share=share)
 
+    warmup = () if args.warmup == "none" else tuple(
+        replace(segment, idle_s=3.0) for w in parse_workloads([args.warmup]) for segment in w.segments)
     if args.random:
         cases = random_cases(args.random, args.random_seed)
     else:
@@ -449,7 +492,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for workload, costs_name, acceptance in cases:
         if isinstance(workload, str):
             workload = parse_workloads([workload])[0]
-        m = run_seeds(workload, costs_of(costs_name), acceptance, args.seeds)
+        m = run_seeds(workload, costs_of(costs_name), acceptance, args.seeds,
+                      shape=ServerShape(acceptance_draws=args.draws), warmup=warmup)
         label = workload.name + (f" ~{acceptance} {costs_name}" if args.random else "")
         print(row(label, m), flush=True)
         p, e, d = m["plain"], m["eagle3"], m["dynamic"]
