@@ -93,3 +93,22 @@ def test_one_unlucky_verify_does_not_set_the_acceptance() -> None:
         acceptance.add_verify(list((rng.random(4) < 0.6).astype(int)), decode_step=step)
     assert acceptance.server_mean == pytest.approx(1.6, abs=0.15)
 
+
+
+def _after_a_stretch_in_the_other_mode(with_steps: bool) -> float:
+    """Relative error of a bucket's prediction when its cost fell from 10 to 7.6 ms while the
+    server decoded in the other mode for 150 steps, after a probe's six timed steps."""
+    cost = new_cost()
+    for step in range(1, 65):
+        cost.add(32, 32 * 700, 10.0, batch_size=32, step=step if with_steps else None)
+    for step in range(215, 221):
+        cost.add(32, 32 * 700, 7.6, batch_size=32, step=step if with_steps else None)
+    return cost.predict(32, 32 * 700) / 7.6 - 1.0
+
+
+def test_a_probe_after_a_stretch_in_the_other_mode_outweighs_old_steps() -> None:
+    """A bucket forgets by decode steps, not by its own samples (the GPU run of 2026-12-05,
+    closed loop 32 at acceptance 1.6: speculative steps went from 10 to 7.6 ms while the server
+    decoded plainly, and a probe's steps were outweighed by 64 old ones)."""
+    assert abs(_after_a_stretch_in_the_other_mode(True)) <= 0.15
+    assert _after_a_stretch_in_the_other_mode(False) > 0.2  # forgetting by samples: stale

@@ -36,27 +36,22 @@ MODES = (DecodeMode.PLAIN, DecodeMode.SPECULATIVE)
 # Samples a bucket needs before its own mean replaces the scaled calibration: the step timer
 # drops the first step of every run, so 4 is one short probe's worth.
 MIN_BUCKET_SAMPLES = 4
-# Effective memory of the fits, in samples per bucket (weights decay by 1 - 1/memory per
-# sample): long enough to average out host jitter (a few % per step), short enough to follow
-# a load whose contexts grow over a few seconds of decoding.
+# Memory of a bucket's mean (in decode steps) and of the catch-up fit (in samples): long enough
+# to average out host jitter, short enough to follow contexts that grow over seconds.
 FIT_MEMORY_SAMPLES = 64
-# Memory of the fit shared by all buckets (host and per-request cost, KV slope), in samples:
-# several seconds of decoding, so that a burst at one batch size does not erase the others.
+# Memory of the fit shared by all buckets (host, per-request cost, KV slope), in samples: seconds
+# of decoding, so that a burst at one batch size does not erase the others.
 GLOBAL_FIT_MEMORY_SAMPLES = 2048
 # Weight of the per-KV-token prior, in samples: as much as 64 steps whose KV tokens are spread
 # PRIOR_KV_SPREAD_TOKENS apart at the same batch size.
 PRIOR_SLOPE_SAMPLES, PRIOR_KV_SPREAD_TOKENS = 64.0, 16384.0
-# The per-request cost beyond the replay is pulled to 0 with the weight of PRIOR_BATCH_SAMPLES
-# steps spread PRIOR_BATCH_SPREAD_REQUESTS apart: steps at one or two batch sizes cannot tell
-# host work per request from noise; light traffic over 1-8 requests outweighs it in 0.5 s.
+# The per-request cost beyond the replay is pulled to 0 (weight: PRIOR_BATCH_SAMPLES steps spread
+# PRIOR_BATCH_SPREAD_REQUESTS apart): one or two batch sizes cannot tell it from noise.
 PRIOR_BATCH_SAMPLES, PRIOR_BATCH_SPREAD_REQUESTS = 8.0, 2.0
-# A timed step this many times its prediction is a stall, not a cost, unless STALL_RUN come in a
-# row at one bucket (then the prediction was wrong: a bucket the replay could not time).
+# A step over STALL_FACTOR x its prediction is a stall, unless STALL_RUN in a row at one bucket.
 STALL_FACTOR, STALL_RUN = 4.0, 3
-# The least a step is predicted to take (a fit extrapolated to small batches can go below 0).
-MIN_STEP_MS = 0.05
-# A request's own acceptance weighs as much as the server-wide mean after this many verifies.
-REQUEST_PRIOR_VERIFIES = 4.0
+MIN_STEP_MS = 0.05  # the least a step is predicted to take (a fit can extrapolate below 0)
+REQUEST_PRIOR_VERIFIES = 4.0  # verifies after which a request's own acceptance weighs as the mean
 # The recent acceptance mean forgets by 1 - 1/window per decode step (speculative or not):
 # each step verifies the whole batch, so 16 steps hold hundreds of requests' verifies, and a
 # change of task mix shows within a fraction of a second.
@@ -148,6 +143,7 @@ class ModeCost:
         self._samples = 0
         self._theta = [0.0, 0.0, self.prior_per_kv_token_ms]  # host_ms, per_request_ms, per_kv
         self._residuals: Dict[int, _Sums] = {b: _Sums() for b in self.buckets}
+        self._last_step: Dict[int, int] = {}
 
     @property
     def per_kv_token_ms(self) -> float:
@@ -177,8 +173,8 @@ class ModeCost:
         host, per_request, per_kv = self._theta
         return self._replay(bucket) + host + per_request * batch_size + per_kv * kv_tokens
 
-    def add(self, bucket: int, kv_tokens: float, ms: float, batch_size: Optional[int] = None
-            ) -> None:
+    def add(self, bucket: int, kv_tokens: float, ms: float, batch_size: Optional[int] = None,
+            step: Optional[int] = None) -> None:
         """One timed step of ``batch_size`` requests (default: the bucket) at ``bucket``."""
         if bucket not in self._residuals or not ms > 0:
             return
@@ -202,7 +198,11 @@ class ModeCost:
         self._refit()
         # The bucket's own means (batch, KV, time over its replay); its correction is their
         # residual under the current fit, so it never carries an older fit's error.
-        self._residuals[bucket].add(b, y, self._bucket_keep, kv_tokens)
+        # Forgetting by decode steps, not samples: a probe after a stretch in the other mode
+        # outweighs what the bucket measured long before it.
+        gap = 1 if step is None else max(1, step - self._last_step.get(bucket, step - 1))
+        self._last_step[bucket] = step if step is not None else 0
+        self._residuals[bucket].add(b, y, self._bucket_keep ** gap, kv_tokens)
 
     def _refit(self) -> None:
         # Ridge priors: the KV slope at its physical prior, the per-request cost at 0.

@@ -142,7 +142,7 @@ class ThroughputPolicy:
         cost = self.costs[mode]
         bucket = cost.bucket_of(batch_size)
         if bucket is not None:
-            cost.add(bucket, kv_tokens, ms, batch_size)
+            cost.add(bucket, kv_tokens, ms, batch_size, step)
         decision = self._by_step.pop(step, None)
         if decision is not None and decision.mode is mode:
             decision.measured_ms = ms
