@@ -35,6 +35,14 @@ def test_which_command_lines_start_the_algorithm_on_cuda(argv, selected) -> None
     assert selects_algorithm(argv) is selected
 
 
+def test_the_algorithm_name_is_the_packages() -> None:
+    """first_contact spells the name out (it runs at interpreter start, before the policy package)."""
+    from sglang_dynamic_eagle.policy import ALGORITHM_NAME
+    from sglang_dynamic_eagle.sglang_compat.first_contact import ALGORITHM
+
+    assert ALGORITHM == ALGORITHM_NAME
+
+
 def test_no_gpu_only_when_certain() -> None:
     assert "libcuda.so.1 does not load" in certainly_no_gpu({}, lambda: False)
     assert "hides every GPU" in certainly_no_gpu({"CUDA_VISIBLE_DEVICES": ""}, lambda: True)

@@ -41,19 +41,28 @@ import sys
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from sglang_dynamic_eagle.policy.replay import FEEDBACK_LAG_STEPS, throughput_policy_for
 from sglang_dynamic_eagle.policy.types import DecodeMode, StepObservation
 
 PLAIN, SPEC = DecodeMode.PLAIN, DecodeMode.SPECULATIVE
-# sglang's decode CUDA graph sizes on an H200 without a flag (to 256): the plain list, and
-# the speculative list EAGLE captures (server_args._generate_decode_cuda_graph_batch_sizes).
-PLAIN_GRAPHS = [1, 2, 4, 8, 12] + list(range(16, 257, 8))
-SPEC_GRAPHS = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4))
-               + list(range(72, 257, 8)))
-FEEDBACK_LAG_STEPS = 16  # as the worker: step times come back 8-16 steps late
+
+
+def graph_sizes(speculative: bool, max_bs: int = 256) -> List[int]:
+    """The decode CUDA graph sizes sglang captures without a flag (to 256 on an H200): its own
+    list for a plain server or for EAGLE's graphs."""
+    from sglang.srt.server_args import ServerArgs
+
+    view = SimpleNamespace(disable_cuda_graph_padding=False,
+                           speculative_algorithm="EAGLE3" if speculative else None)
+    return ServerArgs._generate_decode_cuda_graph_batch_sizes(view, max_bs)
+
+
+PLAIN_GRAPHS, SPEC_GRAPHS = graph_sizes(False), graph_sizes(True)
 
 
 @dataclass(frozen=True)
@@ -360,20 +369,18 @@ def serve(client: Client, decide: Callable[[StepObservation], DecodeMode], costs
 def dynamic_policy(costs: GpuCosts, shape: ServerShape, replay_scale: float = 1.0):
     """The automatic policy as such a server builds it: its graphs timed at start-up
     (``GpuCosts.replay_ms``, read at ``replay_scale`` times), KV priors from bytes and bandwidth."""
-    from sglang_dynamic_eagle.policy.throughput import ThroughputPolicyConfig, new_throughput_policy
-
-    kv_ms = {PLAIN: costs.target_kv_bytes / costs.bandwidth_gbps / 1e6,
-             SPEC: (costs.target_kv_bytes + (costs.draft_steps + 1) * costs.draft_kv_bytes)
-             / costs.bandwidth_gbps / 1e6}
-    config = ThroughputPolicyConfig(
-        max_speculative_batch=SPEC_GRAPHS[-1], max_running_requests=shape.max_running,
-        kv_capacity_tokens=shape.kv_capacity_tokens, catchup_window=shape.catchup_window,
-        catchup_max_tokens=shape.catchup_max_tokens)
-    calibration = {mode: {b: replay_scale * costs.replay_ms(mode is SPEC, b) for b in graphs}
-                   for mode, graphs in ((PLAIN, PLAIN_GRAPHS), (SPEC, SPEC_GRAPHS))}
-    return new_throughput_policy(config, {PLAIN: PLAIN_GRAPHS, SPEC: SPEC_GRAPHS}, calibration,
-                                 kv_ms, catchup_prior_fixed_ms=costs.spec_ms(1, 0),
-                                 max_acceptance=costs.draft_steps + 1.0)
+    per_kv_token_bytes = {PLAIN: costs.target_kv_bytes,
+                          SPEC: costs.target_kv_bytes + (costs.draft_steps + 1) * costs.draft_kv_bytes}
+    graphs = {PLAIN: PLAIN_GRAPHS, SPEC: SPEC_GRAPHS}
+    return throughput_policy_for({
+        "buckets": {m.value: graphs[m] for m in graphs},
+        "calibration": {m.value: {b: replay_scale * costs.replay_ms(m is SPEC, b) for b in graphs[m]}
+                        for m in graphs},
+        "per_kv_token_ms": {m.value: per_kv_token_bytes[m] / costs.bandwidth_gbps / 1e6 for m in graphs},
+        "max_speculative_batch": SPEC_GRAPHS[-1], "max_running_requests": shape.max_running,
+        "kv_capacity_tokens": shape.kv_capacity_tokens, "catchup_window": shape.catchup_window,
+        "catchup_max_tokens": shape.catchup_max_tokens,
+        "catchup_prior_fixed_ms": costs.spec_ms(1, 0), "max_acceptance": costs.draft_steps + 1.0})
 
 
 EAGLE3_MAX_RUNNING = 48  # sglang's cap on running requests for EAGLE-3 without a flag

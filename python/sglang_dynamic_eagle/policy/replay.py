@@ -254,7 +254,8 @@ def simulate(policy, world: World, catchup_window: int, catchup_max_tokens: int 
 
 def accepted_drafts_per_request(tokens: float, batch: int, carry: float = 0.0) -> Tuple[List[int], float]:
     """Accepted drafts per request (bonus excluded) summing to ``tokens - batch`` plus ``carry``,
-    and the fraction carried on: whole drafts with the world's mean (rounding told 1.5 for 1.6)."""
+    and the fraction carried on to the next verify, so that whole drafts keep the world's mean
+    (rounding each verify alone would turn a mean of 1.6 tokens into 1.5)."""
     total = max(0.0, tokens - batch) + carry
     drafts = int(total)
     base, extra = divmod(drafts, batch)
