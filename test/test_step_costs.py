@@ -4,6 +4,7 @@ every rank)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from types import SimpleNamespace
 
@@ -32,10 +33,53 @@ def test_calibration_skips_graphs_that_are_not_full_cuda_graphs() -> None:
     assert table == {DecodeMode.PLAIN: {}, DecodeMode.SPECULATIVE: {}}
 
 
+class _RefusingFullBackend(FullCudaGraphBackend):
+    """A full CUDA graph backend that fails any replay."""
+
+    def __init__(self) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def replay_session(self):
+        yield
+
+    def replay(self, key, forward_batch, **kwargs):
+        raise AssertionError("replayed without the metadata sglang prepares for a replay")
+
+
+def _recording_runner(replay_ms):
+    return SimpleNamespace(backend=_RefusingFullBackend(), capture_bs=[1, 2, 4],
+                           _make_graph_key=lambda size: size, replay_ms=replay_ms)
+
+
+def test_plain_graphs_are_priced_from_the_times_recorded_at_their_capture(monkeypatch) -> None:
+    """A plain runner that timed each graph at its capture is never replayed again at start-up
+    (on fa3 such a replay reads another batch size's scheduler metadata): its buckets take the
+    recorded time of the smallest captured graph that fits, and a size it did not time stays
+    uncalibrated."""
+    monkeypatch.setattr(step_costs.torch.cuda, "synchronize", lambda: None)
+    runner = _recording_runner({1: 5.0, 4: 6.0})
+    table = step_costs.calibrate(
+        {DecodeMode.PLAIN: [runner], DecodeMode.SPECULATIVE: []},
+        {DecodeMode.PLAIN: [1, 2, 3, 4], DecodeMode.SPECULATIVE: [1]})
+    assert table[DecodeMode.PLAIN] == {1: 5.0, 3: 6.0, 4: 6.0}
+
+
+def test_a_runner_without_recorded_times_would_be_replayed(monkeypatch) -> None:
+    """The negative control of the test above: the same runner without ``replay_ms`` goes to
+    a replay (the refusing backend raises, calibration logs it and leaves the mode empty)."""
+    monkeypatch.setattr(step_costs.torch.cuda, "synchronize", lambda: None)
+    runner = _recording_runner(None)
+    table = step_costs.calibrate(
+        {DecodeMode.PLAIN: [runner], DecodeMode.SPECULATIVE: []},
+        {DecodeMode.PLAIN: [1, 2], DecodeMode.SPECULATIVE: [1]})
+    assert table[DecodeMode.PLAIN] == {}
+
+
 def test_only_full_cuda_graph_backends_count_as_replayable() -> None:
     full = SimpleNamespace(backend=object.__new__(FullCudaGraphBackend))
-    assert step_costs._replays_whole_graphs(full)
-    assert not step_costs._replays_whole_graphs(SimpleNamespace(backend=_NotFullBackend()))
+    assert step_costs.replays_whole_graphs(full)
+    assert not step_costs.replays_whole_graphs(SimpleNamespace(backend=_NotFullBackend()))
 
 
 def test_graph_keys_by_batch_size_or_by_tokens_for_ragged_verify() -> None:
@@ -168,3 +212,26 @@ def test_ranks_hand_the_policy_identical_catchup_costs() -> None:
                catchup_ms=[lambda step: 2.0 + step, lambda step: 5.0 - step / 10],
                catchups=catchups)
     assert catchups[0] == catchups[1] == [(10, 5.0), (10, 11.0)]
+
+
+def test_a_plain_graph_is_timed_once_right_after_its_capture(monkeypatch) -> None:
+    """Only the one graph per batch size the calibration reads is timed at capture: not a
+    LoRA variant, a per-stream copy, or a graph that is not a full CUDA graph."""
+    from sglang.srt.model_executor.runner import DecodeCudaGraphRunner
+
+    from sglang_dynamic_eagle.engine import plain_decode_graphs
+
+    captured, timed = [], []
+    monkeypatch.setattr(DecodeCudaGraphRunner, "capture_one_shape",
+                        lambda self, size, forward, stream_idx=None, variant_label=None:
+                        captured.append(size))
+    monkeypatch.setattr(plain_decode_graphs, "time_replays",
+                        lambda runners, sizes, repeats: timed.append(sizes[0]) or 2.5)
+    runner = object.__new__(plain_decode_graphs.PlainDecodeCudaGraphRunner)
+    runner.replay_ms, runner.backend = {}, _RefusingFullBackend()
+    runner.capture_one_shape(8, None)
+    runner.capture_one_shape(4, None, None, "lora")
+    runner.capture_one_shape(2, None, 1, None)
+    runner.backend = _NotFullBackend()
+    runner.capture_one_shape(1, None)
+    assert captured == [8, 4, 2, 1] and timed == [8] and runner.replay_ms == {8: 2.5}

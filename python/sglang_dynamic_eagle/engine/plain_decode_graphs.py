@@ -25,6 +25,12 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils.common import get_available_gpu_memory
 
+from sglang_dynamic_eagle.engine.step_costs import (
+    CALIBRATION_REPEATS,
+    replays_whole_graphs,
+    time_replays,
+)
+
 if TYPE_CHECKING:
     from sglang.srt.model_executor.model_runner import ModelRunner
 
@@ -77,17 +83,33 @@ def _compile_decode_positions_kernel(device) -> None:
 
 
 class PlainDecodeCudaGraphRunner(DecodeCudaGraphRunner):
-    """DECODE graphs, one token per request, returning the aux hidden states."""
+    """DECODE graphs, one token per request, returning the aux hidden states.
+
+    Each graph is timed right after its capture (``replay_ms``: batch size -> milliseconds of
+    one replay), while the attention backend still holds the metadata that capture prepared
+    for it: sglang prepares that metadata before every replay, and on fa3 a DECODE graph's
+    scheduler metadata lives in one buffer shared by all batch sizes (sized and laid out per
+    batch size), so a graph replayed later without the preparation reads the last captured
+    size's metadata (an illegal memory access, measured on an H200 on 2026-12-05).
+    """
 
     def __init__(
         self, model_runner: ModelRunner, *, attn_backend, capture_bs: List[int]
     ) -> None:
+        self.replay_ms: Dict[int, float] = {}
         with _as_plain_server(model_runner, capture_bs):
             super().__init__(model_runner, attn_backend=attn_backend)
 
     def capture_prepare(self, size: int, stream_idx=None, num_tokens=None):
         self.capture_hidden_mode = max(self.capture_hidden_mode, CaptureHiddenMode.FULL)
         return super().capture_prepare(size, stream_idx=stream_idx, num_tokens=num_tokens)
+
+    def capture_one_shape(self, size: int, forward, stream_idx=None, variant_label=None):
+        super().capture_one_shape(size, forward, stream_idx, variant_label)
+        # One graph per size without LoRA variants or per-stream copies: time that one; the
+        # others would need their own keys (such a server measures plain steps online only).
+        if stream_idx is None and variant_label is None and replays_whole_graphs(self):
+            self.replay_ms[size] = time_replays([self], [size], CALIBRATION_REPEATS)
 
 
 class PlainDecodeGraphs:

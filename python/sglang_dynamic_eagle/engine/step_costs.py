@@ -3,7 +3,10 @@
 * :func:`calibrate`: at start-up, after every CUDA graph is captured, replay each graph a few
   times per batch size and time it with CUDA events. A speculative step is the sum of its three
   graphs (multi-step draft, target verify, draft extend); a plain step is its plain-decode
-  graph. The replays run on the capture-time buffers (dummy requests, context length 1), so the
+  graph, timed right after its own capture (``plain_decode_graphs``: a DECODE graph on fa3
+  reads scheduler metadata from one buffer shared by all batch sizes, which sglang fills
+  before each replay; replayed later without that, a graph reads another size's metadata).
+  The replays run on the capture-time buffers (dummy requests, context length 1), so the
   calibration leaves out attention over real contexts and all host work: it is the prior of
   the policy's step model (``policy.step_model.ModeCost``), which timed steps refit.
 * :class:`StepTimer`: one CUDA event at the end of every decode step; the time between the ends
@@ -57,11 +60,9 @@ def _replay(runner, batch_size: int) -> None:
         runner.backend.replay(_graph_key(runner, batch_size), None)
 
 
-def _time_replays(runners: Sequence, batch_size: int, repeats: int) -> Optional[float]:
-    """Mean milliseconds of one replay of every runner's graph for ``batch_size``, in order."""
-    sizes = [_smallest_captured(runner, batch_size) for runner in runners]
-    if any(size is None for size in sizes):
-        return None
+def time_replays(runners: Sequence, sizes: Sequence[int], repeats: int) -> float:
+    """Mean milliseconds of one replay of each runner's graph of the given size, in order
+    (one warm-up round first)."""
     for runner, size in zip(runners, sizes):
         _replay(runner, size)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -74,7 +75,20 @@ def _time_replays(runners: Sequence, batch_size: int, repeats: int) -> Optional[
     return start.elapsed_time(end) / repeats
 
 
-def _replays_whole_graphs(runner) -> bool:
+def _time_replays(runners: Sequence, batch_size: int, repeats: int) -> Optional[float]:
+    """Mean milliseconds of one replay of every runner's graph for ``batch_size``, in order:
+    from the times the runners recorded at capture where one runner makes the step (the plain
+    graphs, ``plain_decode_graphs``), else by replaying the graphs now."""
+    sizes = [_smallest_captured(runner, batch_size) for runner in runners]
+    if any(size is None for size in sizes):
+        return None
+    recorded = getattr(runners[0], "replay_ms", None) if len(runners) == 1 else None
+    if recorded is not None:
+        return recorded.get(sizes[0])
+    return time_replays(runners, sizes, repeats)
+
+
+def replays_whole_graphs(runner) -> bool:
     """Only full CUDA graphs replay without a forward batch: breakable and piecewise graphs run
     eager pieces that read per-batch state, which capture-time buffers do not provide."""
     return isinstance(runner.backend, FullCudaGraphBackend)
@@ -90,7 +104,7 @@ def calibrate(
     table: Dict[DecodeMode, Dict[int, float]] = {}
     for mode, runners in mode_runners.items():
         table[mode] = {}
-        if not runners or not all(_replays_whole_graphs(runner) for runner in runners):
+        if not runners or not all(replays_whole_graphs(runner) for runner in runners):
             logger.info("EAGLE3_DYNAMIC: no full CUDA graphs to time for %s steps; their costs "
                         "are measured online only.", mode.value)
             continue

@@ -102,13 +102,16 @@ ENGINE_RELIANCES: Tuple[UpstreamReliance, ...] = (
     UpstreamReliance(
         target="sglang.srt.model_executor.runner.DecodeCudaGraphRunner",
         how="subclassed (engine.plain_decode_graphs.PlainDecodeCudaGraphRunner), built "
-        "under the swap of the entry below; capture_prepare forces FULL hidden capture",
+        "under the swap of the entry below; capture_prepare forces FULL hidden capture; "
+        "capture_one_shape times each graph right after its capture (replay_ms), while the "
+        "attention backend holds the metadata capture prepared for that size",
         why="a speculative server captures its target only in TARGET_VERIFY mode "
         "(decode_cuda_graph_runner.py: capture_forward_mode)",
         drop_when="DecodeCudaGraphRunner takes capture mode, width and batch sizes as arguments",
         kind=SUBCLASS,
         code=(
             "sglang.srt.model_executor.runner.DecodeCudaGraphRunner.capture_prepare",
+            "sglang.srt.model_executor.runner.DecodeCudaGraphRunner.capture_one_shape",
         ),
     ),
     UpstreamReliance(
@@ -261,7 +264,9 @@ ENGINE_RELIANCES: Tuple[UpstreamReliance, ...] = (
         target="graph replay on the runners' backends (engine.step_costs.calibrate)",
         how="runner.backend.replay(runner._make_graph_key(bs), None) inside "
         "runner.backend.replay_session(), for every bucket in runner.capture_bs, timed with CUDA "
-        "events at start-up, on the buffers the capture left",
+        "events: the speculative graphs at start-up on the buffers the capture left, the plain "
+        "graphs at their capture (on fa3 a DECODE graph's scheduler metadata is one buffer for "
+        "all batch sizes, filled before each replay: a later raw replay faulted on an H200)",
         why="the automatic policy needs every bucket's cost before it has served that batch "
         "size; sglang has no API to time a captured graph",
         drop_when="sglang records per-graph replay times (or exposes a graph benchmark)",
