@@ -235,3 +235,27 @@ def test_a_plain_graph_is_timed_once_right_after_its_capture(monkeypatch) -> Non
     runner.backend = _NotFullBackend()
     runner.capture_one_shape(1, None)
     assert captured == [8, 4, 2, 1] and timed == [8] and runner.replay_ms == {8: 2.5}
+
+
+def test_a_size_timed_dearer_than_a_larger_one_takes_the_larger_ones_time() -> None:
+    """The plain graphs of the 8B-shaped suite's automatic server, timed while three other
+    servers captured their graphs (H200, 2026-12-05): batch 8 read 8.48 ms between 4.55 ms at 4
+    and 4.65 ms at 12, and the policy speculated at batch 8 with acceptance 1.0."""
+    timed = {1: 4.51, 2: 4.57, 4: 4.55, 8: 8.48, 12: 4.65, 16: 4.83, 64: 6.36, 72: 12.21, 80: 9.26,
+             128: 8.34}
+    capped = step_costs.no_dearer_than_larger(timed)
+    assert capped == {1: 4.51, 2: 4.55, 4: 4.55, 8: 4.65, 12: 4.65, 16: 4.83, 64: 6.36, 72: 8.34,
+                      80: 8.34, 128: 8.34}
+    assert list(capped) == sorted(timed)
+    # Negative control: the table as timed has a size dearer than a larger one.
+    assert any(timed[a] > timed[b] for a in timed for b in timed if a < b)
+    assert step_costs.no_dearer_than_larger({}) == {}
+
+
+def test_calibration_caps_each_size_by_the_larger_ones(monkeypatch) -> None:
+    monkeypatch.setattr(step_costs.torch.cuda, "synchronize", lambda: None)
+    runner = _recording_runner({1: 5.0, 2: 9.0, 4: 6.0})
+    table = step_costs.calibrate(
+        {DecodeMode.PLAIN: [runner], DecodeMode.SPECULATIVE: []},
+        {DecodeMode.PLAIN: [1, 2, 4], DecodeMode.SPECULATIVE: [1]})
+    assert table[DecodeMode.PLAIN] == {1: 5.0, 2: 6.0, 4: 6.0}

@@ -61,22 +61,35 @@ def _replay(runner, batch_size: int) -> None:
 
 
 def time_replays(runners: Sequence, sizes: Sequence[int], repeats: int) -> float:
-    """Mean milliseconds of one replay of each runner's graph of the given size, in order
-    (one warm-up round first)."""
+    """Milliseconds of one replay of each runner's graph of the given size, in order: the
+    least of ``repeats`` timed rounds after a warm-up round. Other work on the GPU (another
+    server capturing its graphs while this one starts) only adds time to a round."""
     for runner, size in zip(runners, sizes):
         _replay(runner, size)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(repeats + 1)]
+    events[0].record()
+    for event in events[1:]:
         for runner, size in zip(runners, sizes):
             _replay(runner, size)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeats
+        event.record()
+    events[-1].synchronize()
+    return min(a.elapsed_time(b) for a, b in zip(events, events[1:]))
+
+
+def no_dearer_than_larger(costs: Dict[int, float]) -> Dict[int, float]:
+    """Each batch size's cost capped by every larger size's: a graph for more requests does
+    all the work of one for fewer, so a size timed dearer than a larger one was slowed by
+    something else (other work on the GPU), and the larger size's time bounds it."""
+    capped: Dict[int, float] = {}
+    ceiling = float("inf")
+    for size in sorted(costs, reverse=True):
+        ceiling = min(ceiling, costs[size])
+        capped[size] = ceiling
+    return dict(sorted(capped.items()))
 
 
 def _time_replays(runners: Sequence, batch_size: int, repeats: int) -> Optional[float]:
-    """Mean milliseconds of one replay of every runner's graph for ``batch_size``, in order:
+    """Milliseconds of one replay of every runner's graph for ``batch_size``, in order:
     from the times the runners recorded at capture where one runner makes the step (the plain
     graphs, ``plain_decode_graphs``), else by replaying the graphs now."""
     sizes = [_smallest_captured(runner, batch_size) for runner in runners]
@@ -113,6 +126,7 @@ def calibrate(
                 elapsed = _time_replays(runners, bucket, repeats)
                 if elapsed is not None:
                     table[mode][bucket] = elapsed
+            table[mode] = no_dearer_than_larger(table[mode])
         except Exception:
             logger.exception("EAGLE3_DYNAMIC: %s graph replay timing failed; that mode "
                              "starts uncalibrated and is measured online.", mode.value)
