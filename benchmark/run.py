@@ -46,14 +46,14 @@ def run_order(names: tuple[str, ...], workload_index: int, round_index: int) -> 
 def group_commands(plan: argparse.Namespace, group: tuple[str, ...]) -> list[tuple[str, int, list[str], dict]]:
     """(config, port, command, environment) of every server of a group: one command line for all
     but the speculative flags, the next port each; up at once, each gets the same KV cap and a
-    static memory fraction by start order; EAGLE3_DYNAMIC servers write a decode-step trace."""
+    static memory fraction by start order; with --trace, EAGLE3_DYNAMIC servers write a decode-step trace."""
     result = []
     for index, name in enumerate(group):
         port = plan.port + plan.names.index(name)
         memory = configs.memory_flags(index, len(group), plan.max_total_tokens or SHARED_GPU_MAX_TOTAL_TOKENS) if len(
             group) > 1 else ("--max-total-tokens", str(plan.max_total_tokens)) if plan.max_total_tokens else ()
         setup = dataclasses.replace(plan.setup, port=port, common_args=configs.set_flags(plan.setup.common_args, memory))
-        trace = {TRACE_ENV: str(plan.out_dir / f"{name}_trace.jsonl")} if configs.is_dynamic(name) else {}
+        trace = {TRACE_ENV: str(plan.out_dir / f"{name}_trace.jsonl")} if configs.is_dynamic(name) and plan.trace else {}
         result.append((name, port, configs.server_command(name, setup), {**plan.server_env, **trace}))
     return result
 
@@ -213,7 +213,7 @@ def command_run(args: argparse.Namespace) -> int:
                     for name, running in served.items():
                         server.stop_server(running)
                         tails[name] = server.log_tail(running.log_path, args.log_tail_lines)
-                        if configs.is_dynamic(name):
+                        if configs.is_dynamic(name) and plan.trace:
                             results.split_trace(plan.out_dir / f"{name}_trace.jsonl", [
                                 r for r in document["runs"] if r["config"] == name], plan.out_dir, f"trace_{name}_")
         finally:
@@ -282,13 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("--traffic-s", dict(type=float, default=20.0, help="seconds of arrivals of poisson-R (default 20)")),
         ("--idle-s", dict(type=float, default=5.0, help="idle gaps of burst and load-step (default 5)")),
         ("--waves", dict(type=int, default=2, help="closed-C: prompts = max(--min-prompts, waves x C)")),
-        ("--min-prompts", dict(type=int, default=4)),
         ("--goodput-tpot-ms", dict(type=float, default=50.0, help="goodput: requests with TPOT at most this")),
         ("--max-total-tokens", dict(type=int, help=f"KV cap (default {SHARED_GPU_MAX_TOTAL_TOKENS} when shared)")),
         ("--visible-special-tokens", dict(action="store_true", help="requests with skip_special_tokens=False")),
         ("--acceptance", dict(help="simulated acceptance MIX of workloads without ~MIX (needs the test plugin; README)")),
         ("--bench-args", dict(default="", help="extra sglang.bench_serving flags for every run")),
-        ("--seed", dict(type=int, default=1)),
+        ("--seed", dict(type=int, default=1)), ("--min-prompts", dict(type=int, default=4)),
+        ("--trace", dict(action="store_true", help="EAGLE3_DYNAMIC servers write a decode-step trace (off: as served)")),
         ("--bench-timeout-s", dict(type=float, default=300.0, help="longest bench_serving run (default 300)")),
         ("--time-budget-s", dict(type=float, help="deadline of the whole run (README)")),
         ("--git-commit", dict(help="commit to record (default: git describe of this checkout)")),

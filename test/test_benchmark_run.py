@@ -49,7 +49,7 @@ def driver_requests(tmp_path: Path) -> list[dict]:
 def test_interleaved_end_to_end(fakes):
     out = fakes / "out"
     assert main(out, "--workload", "closed-2,poisson-5", "--traffic-s", "1", "--visible-special-tokens",
-                "--server-env", "SGLANG_SIMULATE_ACC_LEN=3.0", "--git-commit", "abc") == 0
+                "--server-env", "SGLANG_SIMULATE_ACC_LEN=3.0", "--git-commit", "abc", "--trace") == 0
     document = json.loads((out / "results.json").read_text(), parse_constant=pytest.fail)  # strict JSON: no inf
     source = document["sources"][0]
     assert source["git_commit"] == "abc" and "run.py run" in source["command_line"] and source["created"]
@@ -251,7 +251,10 @@ def test_group_commands_share_every_flag_but_speculative_and_memory_ones(tmp_pat
     shared = [{k: v for k, v in f.items() if not k.startswith("--speculative-") and k not in (
         "--port", "--mem-fraction-static")} for f in flags]
     assert all(s == shared[0] for s in shared)
-    assert [run.TRACE_ENV in env for *_, env in commands] == [False, False, False, True]
+    assert [run.TRACE_ENV in env for *_, env in commands] == [False, False, False, False]  # as served
+    traced = plan_of(tmp_path, "--configs", "plain,eagle3,adaptive,dynamic", "--trace")
+    assert [run.TRACE_ENV in env for *_, env in run.group_commands(traced, traced.names)] == [
+        False, False, False, True]
     (single,) = run.group_commands(plan, ("dynamic",))
     assert flag_values(single[2])["--max-total-tokens"] == ("80000",) and single[1] == 30003
 
