@@ -387,8 +387,8 @@ def assert_lossless_across_switches(
     ``min_switches`` times each way and match the plain server (bf16 rule of
     ``token_comparison``). With a ``reference`` server (sglang's EAGLE3 of the same pair), its
     outputs are compared with plain too, and the dynamic server may show at most
-    ``flip_allowance`` more bf16 flips than it. ``judged_by_reference`` (a reference needed):
-    for a target whose outputs move beyond the bf16 rule with the batch's shape (an MoE),
+    ``flip_allowance`` more bf16 flips than the worse of two passes of it.
+    ``judged_by_reference`` (a reference needed): for a target whose outputs move beyond the bf16 rule with the batch's shape (an MoE),
     the dynamic server must be within the reference by ``token_comparison.ReferenceVerdict``
     instead of the bf16 rule. Returns the dynamic server's counters."""
     assert reference is not None or not judged_by_reference, "judged_by_reference needs a reference"
@@ -414,7 +414,14 @@ def assert_lossless_across_switches(
         print(f"{label}: against {reference.name}: {verdict.summary()}")
         assert verdict.within
     else:
-        allowed = len(reference_comparison.flips) + flip_allowance(len(reference_comparison.flips))
+        # The reference's own count moves between passes over the same prompts: which requests
+        # share a prefill batch depends on when they arrive, and the batch's shape moves bf16
+        # near-ties (EAGLE3 on fa3 with prefill graphs: 16, then 8 flips in two runs of this
+        # test). The dynamic server is held to the worse of two passes of the reference.
+        again = compare_outputs(send_in_waves(reference, prompts, wave_size), expected, flip_margin)
+        print(f"{label}: {reference.name} again: {again.summary()}")
+        reference_flips = max(len(reference_comparison.flips), len(again.flips))
+        allowed = reference_flips + flip_allowance(reference_flips)
         assert len(comparison.flips) <= allowed
         assert not comparison.failures
     return after
