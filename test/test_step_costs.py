@@ -259,3 +259,38 @@ def test_calibration_caps_each_size_by_the_larger_ones(monkeypatch) -> None:
         {DecodeMode.PLAIN: [runner], DecodeMode.SPECULATIVE: []},
         {DecodeMode.PLAIN: [1, 2, 4], DecodeMode.SPECULATIVE: [1]})
     assert table[DecodeMode.PLAIN] == {1: 5.0, 2: 6.0, 4: 6.0}
+
+
+def test_the_capped_calibration_keeps_the_policy_plain_at_acceptance_one() -> None:
+    """The 8B-shaped suite's automatic server (fa3, H200, 2026-12-05) at acceptance 1.0, in
+    waves of 8 requests draining to 2, replayed on CPU with its start-up table as timed (plain
+    8.48 ms at batch 8, speculative 12.7 ms at 1) and capped; the steps themselves cost what the
+    other sizes say (plain 4.5 ms, speculative 7.5 ms). As timed, the policy speculates on
+    hundreds of steps, as the server did; capped, only while it learns the acceptance and on
+    its exploration probes."""
+    import numpy as np
+
+    from sglang_dynamic_eagle.policy.replay import World, simulate
+    from sglang_dynamic_eagle.policy.throughput import ThroughputPolicyConfig, new_throughput_policy
+
+    sizes = [1, 2, 4, 8, 12, 16, 24, 32]
+    plain = {1: 4.51, 2: 4.57, 4: 4.55, 8: 8.48, 12: 4.65, 16: 4.83, 24: 4.89, 32: 4.98}
+    spec = {1: 12.71, 2: 8.04, 4: 7.58, 8: 8.35, 12: 7.73, 16: 7.74, 24: 7.96, 32: 8.10}
+    batch = np.array(([8] * 20 + [6] * 10 + [4] * 10 + [2] * 10) * 40)
+    world = World(batch, 300 * batch, 0 * batch, 4.5 + 0.01 * batch, 7.5 + 0.02 * batch,
+                  1.0 * batch, 1.5, 0.0008)
+    kv_ms = {DecodeMode.PLAIN: 131072 / 4e9, DecodeMode.SPECULATIVE: 147456 / 4e9}
+
+    def speculative_steps(plain_ms, spec_ms) -> int:
+        config = ThroughputPolicyConfig(max_speculative_batch=32, max_running_requests=256,
+                                        kv_capacity_tokens=49152, catchup_window=256)
+        policy = new_throughput_policy(
+            config, {DecodeMode.PLAIN: sizes, DecodeMode.SPECULATIVE: sizes},
+            {DecodeMode.PLAIN: plain_ms, DecodeMode.SPECULATIVE: spec_ms}, kv_ms,
+            catchup_prior_fixed_ms=7.5, max_acceptance=4.0)
+        return simulate(policy, world, 256).speculative_steps
+
+    assert speculative_steps(plain, spec) > 0.1 * len(batch)  # as timed: the fault
+    capped = speculative_steps(step_costs.no_dearer_than_larger(plain),
+                               step_costs.no_dearer_than_larger(spec))
+    assert capped < 0.03 * len(batch)
