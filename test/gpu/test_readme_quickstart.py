@@ -52,7 +52,10 @@ def test_the_quickstart_is_found_and_only_its_models_are_replaced() -> None:
 @pytest.mark.gpu
 def test_the_quickstart_serves_as_written(model_folders: Path) -> None:
     """sglang's defaults apart from the README's flags; simulated acceptance 3.0 so that the dummy
-    draft proposes tokens the target accepts: a lone request speculates, 64 at once decode plainly."""
+    draft proposes tokens the target accepts: a lone request speculates, and 64 at once run in
+    one decode batch (EAGLE3 caps it at 48). Which mode serves the 64 is the policy's call: at
+    acceptance 3.0 speculation pays there on fa3 (H200, 2026-12-05: every step speculative at 64
+    and 128 requests) and not on triton."""
     command = quickstart_command((REPO_ROOT / "README.md").read_text())
     env = {**dummy_weights_env(), "SGLANG_SIMULATE_ACC_LEN": "3.0"}
     server = start_server("quickstart", with_dummy_models(command, model_folders), env)
@@ -68,7 +71,7 @@ def test_the_quickstart_serves_as_written(model_folders: Path) -> None:
         burst = server.dynamic_counters()
         print(f"quickstart as written ({shlex.join(command)}): {burst}")
         assert lone["speculative_steps"] > before["speculative_steps"], (before, lone)
-        assert burst["plain_steps"] > lone["plain_steps"], (lone, burst)
+        assert max(burst["max_plain_batch"], burst["max_speculative_batch"]) > 48, burst
         info = server.get("/server_info")
         if "--attention-backend" in command:
             assert info["attention_backend"] == command[command.index("--attention-backend") + 1]
