@@ -112,3 +112,14 @@ def test_the_suites_run_pinned_backends_unless_told_sglangs(monkeypatch):
     monkeypatch.setenv(gpu_servers.BACKENDS_ENV, "fa3")
     with pytest.raises(ValueError, match="SGLANG_DE_TEST_BACKENDS='fa3': use pinned"):
         gpu_servers.backend_args()
+
+
+def test_the_8b_suite_runs_sglangs_backends_unless_told_pinned(monkeypatch):
+    monkeypatch.delenv(gpu_servers.BACKENDS_ENV, raising=False)
+    target, _ = gpu_servers.dummy8b_args(gpu_servers.Path("/m"), backends="sglang")
+    assert "--attention-backend" not in target and "--disable-prefill-cuda-graph" not in target
+    assert gpu_servers.dummy8b_args(gpu_servers.Path("/m"))[0][-len(gpu_servers.COMMON_SERVER_ARGS):] == \
+        gpu_servers.COMMON_SERVER_ARGS
+    monkeypatch.setenv(gpu_servers.BACKENDS_ENV, "pinned")
+    target, _ = gpu_servers.dummy8b_args(gpu_servers.Path("/m"), backends="sglang")
+    assert target[-len(gpu_servers.COMMON_SERVER_ARGS):] == gpu_servers.COMMON_SERVER_ARGS

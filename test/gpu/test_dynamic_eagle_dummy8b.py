@@ -10,6 +10,9 @@ server's second choice within 8 units in the last place of the top logits (the u
 the plain outputs' margins). A negative control (a server whose plain steps write their K/V one
 slot early, from the test plugin) must fail it.
 
+The servers run sglang's own backend choices (on Hopper fa3 attention, flashinfer sampling and
+prefill CUDA graphs) unless SGLANG_DE_TEST_BACKENDS=pinned (``gpu_servers.backend_args``).
+
 The four servers that the selected tests name start together (each KV pool capped by
 ``--max-total-tokens``); the negative control stops two of them and starts its own, so at most
 four run at once on one H200 and a ``-k`` selection starts only what it needs.
@@ -65,7 +68,7 @@ BREAK_PLAIN_STEP_ENV = "SGLANG_DE_TEST_BREAK_PLAIN_STEP"
 
 @pytest.fixture(scope="module")
 def servers(request: pytest.FixtureRequest, model_folders):
-    target, draft = dummy8b_args(model_folders)
+    target, draft = dummy8b_args(model_folders, backends="sglang")
     dynamic = ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft]
     specs = {
         "plain": target + MEMORY_FLAGS,
