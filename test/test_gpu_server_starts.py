@@ -123,3 +123,50 @@ def test_the_8b_suite_runs_sglangs_backends_unless_told_pinned(monkeypatch):
     monkeypatch.setenv(gpu_servers.BACKENDS_ENV, "pinned")
     target, _ = gpu_servers.dummy8b_args(gpu_servers.Path("/m"), backends="sglang")
     assert target[-len(gpu_servers.COMMON_SERVER_ARGS):] == gpu_servers.COMMON_SERVER_ARGS
+
+
+class _PassServer:
+    """A server whose passes are recorded: each pass of the reference returns its own outputs,
+    and every pass must come after a flush of the radix cache."""
+
+    def __init__(self, name: str, passes) -> None:
+        self.name, self._passes, self.log = name, list(passes), []
+
+    def flush_cache(self) -> None:
+        self.log.append("flush")
+
+    def generate(self, input_ids, max_new_tokens, **kwargs):
+        self.log.append("generate")
+        return self._passes[0][input_ids[0]]
+
+    def next_pass(self) -> None:
+        self._passes.pop(0)
+
+
+def test_the_reference_is_held_at_the_worse_of_two_cold_passes(monkeypatch):
+    """Two passes of the reference, each after a cache flush; the bound is the larger flip
+    count."""
+    prompts = [{"input_ids": [i], "max_new_tokens": 1} for i in range(4)]
+    first = {i: {"flips": i < 1} for i in range(4)}
+    second = {i: {"flips": i < 3} for i in range(4)}
+    reference = _PassServer("eagle3", [first, second])
+
+    def send(server, chosen, wave_size, **kwargs):
+        outputs = [server.generate(p["input_ids"], 1) for p in chosen]
+        if len(server._passes) > 1:
+            server.next_pass()
+        return outputs
+
+    monkeypatch.setattr(gpu_servers, "send_in_waves", send)
+    monkeypatch.setattr(gpu_servers, "compare_outputs", lambda outputs, expected, margin: SimpleFlips(
+        [o for o in outputs if o["flips"]]))
+    outputs, flips = gpu_servers.reference_flip_count(reference, prompts, 2, [], 0.25, "t")
+    assert flips == 3 and outputs == [first[i] for i in range(4)]
+    assert reference.log == ["flush"] + ["generate"] * 4 + ["flush"] + ["generate"] * 4
+    # Negative control: one pass would have set the bound at 1 flip.
+    assert len([o for o in outputs if o["flips"]]) == 1
+
+
+class SimpleFlips:
+    def __init__(self, flips) -> None:
+        self.flips = flips

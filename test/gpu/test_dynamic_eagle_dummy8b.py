@@ -36,6 +36,8 @@ from gpu_servers import (
     dummy8b_args,
     dummy_weights_env,
     make_prompts,
+    reference_flip_count,
+    send_cold,
     send_in_waves,
     servers_used_by,
 )
@@ -265,12 +267,12 @@ def test_negative_control_a_plain_step_writing_kv_one_slot_early_fails(servers):
     servers.stop("dynamic")
     servers.stop("dynamic_auto")
     prompts = make_prompts(NUM_PROMPTS, seed=1)
-    broken = send_in_waves(servers["dynamic_broken"], prompts, WAVE_SIZE)
-    plain = send_in_waves(servers["plain"], prompts, WAVE_SIZE, top_logprobs_num=TOP_LOGPROBS)
-    reference = send_in_waves(servers["eagle3"], prompts, WAVE_SIZE)
+    broken = send_cold(servers["dynamic_broken"], prompts, WAVE_SIZE)
+    plain = send_cold(servers["plain"], prompts, WAVE_SIZE, top_logprobs_num=TOP_LOGPROBS)
     flip_margin = bf16_flip_margin(plain)
     comparison = compare_outputs(broken, plain, flip_margin)
-    reference_flips = len(compare_outputs(reference, plain, flip_margin).flips)
+    _, reference_flips = reference_flip_count(servers["eagle3"], prompts, WAVE_SIZE, plain,
+                                              flip_margin, "negative control")
     counters = servers["dynamic_broken"].dynamic_counters()
     print(f"negative control (K/V one slot early): {comparison.summary()}; EAGLE3's flips "
           f"{reference_flips}; plain steps {counters['plain_steps']}")

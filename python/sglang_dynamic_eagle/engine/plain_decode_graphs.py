@@ -97,6 +97,7 @@ class PlainDecodeCudaGraphRunner(DecodeCudaGraphRunner):
         self, model_runner: ModelRunner, *, attn_backend, capture_bs: List[int]
     ) -> None:
         self.replay_ms: Dict[int, float] = {}
+        self._timing_failed = False
         with _as_plain_server(model_runner, capture_bs):
             super().__init__(model_runner, attn_backend=attn_backend)
 
@@ -106,10 +107,24 @@ class PlainDecodeCudaGraphRunner(DecodeCudaGraphRunner):
 
     def capture_one_shape(self, size: int, forward, stream_idx=None, variant_label=None):
         super().capture_one_shape(size, forward, stream_idx, variant_label)
-        # One graph per size without LoRA variants or per-stream copies: time that one; the
-        # others would need their own keys (such a server measures plain steps online only).
-        if stream_idx is None and variant_label is None and replays_whole_graphs(self):
-            self.replay_ms[size] = time_replays([self], [size], CALIBRATION_REPEATS)
+        if self._times_at_capture(stream_idx, variant_label):
+            try:
+                self.replay_ms[size] = time_replays([self], [size], CALIBRATION_REPEATS)
+            except Exception:  # a prior, not a reason to stop the server
+                logger.exception("EAGLE3_DYNAMIC: timing the plain graph of batch %d failed; "
+                                 "plain steps are measured online.", size)
+                self.replay_ms.clear()
+                self._timing_failed = True
+
+    def _times_at_capture(self, stream_idx, variant_label) -> bool:
+        """One graph per size, a full CUDA graph, one GPU: time it. LoRA variants and per-stream
+        copies would need their own keys; with tensor parallelism a graph's custom all-reduce
+        buffers are registered only when sglang's capture context closes, so a replay inside it
+        would read unregistered peers (such servers measure plain steps online only)."""
+        tp_group = getattr(self.model_runner, "tp_group", None)
+        return (not self._timing_failed and stream_idx is None and variant_label is None
+                and replays_whole_graphs(self)
+                and getattr(tp_group, "world_size", 1) <= 1)
 
 
 class PlainDecodeGraphs:

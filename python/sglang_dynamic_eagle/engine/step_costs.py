@@ -127,6 +127,9 @@ def calibrate(
                 if elapsed is not None:
                     table[mode][bucket] = elapsed
             table[mode] = no_dearer_than_larger(table[mode])
+            if not table[mode]:
+                logger.info("EAGLE3_DYNAMIC: no %s graph was timed; those steps' costs are "
+                            "measured online only.", mode.value)
         except Exception:
             logger.exception("EAGLE3_DYNAMIC: %s graph replay timing failed; that mode "
                              "starts uncalibrated and is measured online.", mode.value)
