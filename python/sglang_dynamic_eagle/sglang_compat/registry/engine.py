@@ -104,7 +104,9 @@ ENGINE_RELIANCES: Tuple[UpstreamReliance, ...] = (
         how="subclassed (engine.plain_decode_graphs.PlainDecodeCudaGraphRunner), built "
         "under the swap of the entry below; capture_prepare forces FULL hidden capture; "
         "capture_one_shape times each graph right after its capture (replay_ms), while the "
-        "attention backend holds the metadata capture prepared for that size",
+        "attention backend holds the metadata capture prepared for that size (one GPU only: "
+        "under tensor parallelism custom all-reduce buffers register when the capture context "
+        "closes)",
         why="a speculative server captures its target only in TARGET_VERIFY mode "
         "(decode_cuda_graph_runner.py: capture_forward_mode)",
         drop_when="DecodeCudaGraphRunner takes capture mode, width and batch sizes as arguments",
