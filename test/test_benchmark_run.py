@@ -143,6 +143,10 @@ def test_sequential_serves_one_configuration_at_a_time_with_its_own_memory_flags
         flags = flag_values(document["configs"][name]["server_command"])
         assert flags["--mem-fraction-static"] == ("0.80",) and "--max-total-tokens" not in flags
     assert len(driver_requests(fakes)) == 4  # no warm-up
+    # Without --trace, as served: no trace written, none split, the report says so.
+    assert run.TRACE_ENV not in document["configs"]["dynamic"]["server_env"]
+    assert not list(out.glob("*trace*")) and all("trace" not in r for r in document["runs"])
+    assert "None." in (out / "report.md").read_text().split("## Decode-step traces")[1].split("\n## ")[0]
 
 
 def test_a_spent_time_budget_skips_what_would_not_end_in_time(fakes, monkeypatch):
