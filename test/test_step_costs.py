@@ -47,9 +47,9 @@ class _RefusingFullBackend(FullCudaGraphBackend):
         raise AssertionError("replayed without the metadata sglang prepares for a replay")
 
 
-def _recording_runner(replay_ms):
+def _recording_runner():
     return SimpleNamespace(backend=_RefusingFullBackend(), capture_bs=[1, 2, 4],
-                           _make_graph_key=lambda size: size, replay_ms=replay_ms)
+                           _make_graph_key=lambda size: size)
 
 
 def test_plain_graphs_are_priced_from_the_times_recorded_at_their_capture(monkeypatch) -> None:
@@ -58,18 +58,19 @@ def test_plain_graphs_are_priced_from_the_times_recorded_at_their_capture(monkey
     recorded time of the smallest captured graph that fits, and a size it did not time stays
     uncalibrated."""
     monkeypatch.setattr(step_costs.torch.cuda, "synchronize", lambda: None)
-    runner = _recording_runner({1: 5.0, 4: 6.0})
+    runner = _recording_runner()
     table = step_costs.calibrate(
         {DecodeMode.PLAIN: [runner], DecodeMode.SPECULATIVE: []},
-        {DecodeMode.PLAIN: [1, 2, 3, 4], DecodeMode.SPECULATIVE: [1]})
+        {DecodeMode.PLAIN: [1, 2, 3, 4], DecodeMode.SPECULATIVE: [1]},
+        recorded={DecodeMode.PLAIN: {1: 5.0, 4: 6.0}})
     assert table[DecodeMode.PLAIN] == {1: 5.0, 3: 6.0, 4: 6.0}
 
 
 def test_a_runner_without_recorded_times_would_be_replayed(monkeypatch) -> None:
-    """The negative control of the test above: the same runner without ``replay_ms`` goes to
+    """The negative control of the test above: the same runner without recorded times goes to
     a replay (the refusing backend raises, calibration logs it and leaves the mode empty)."""
     monkeypatch.setattr(step_costs.torch.cuda, "synchronize", lambda: None)
-    runner = _recording_runner(None)
+    runner = _recording_runner()
     table = step_costs.calibrate(
         {DecodeMode.PLAIN: [runner], DecodeMode.SPECULATIVE: []},
         {DecodeMode.PLAIN: [1, 2], DecodeMode.SPECULATIVE: [1]})
@@ -276,10 +277,11 @@ def test_a_size_timed_dearer_than_a_larger_one_takes_the_larger_ones_time() -> N
 
 def test_calibration_caps_each_size_by_the_larger_ones(monkeypatch) -> None:
     monkeypatch.setattr(step_costs.torch.cuda, "synchronize", lambda: None)
-    runner = _recording_runner({1: 5.0, 2: 9.0, 4: 6.0})
+    runner = _recording_runner()
     table = step_costs.calibrate(
         {DecodeMode.PLAIN: [runner], DecodeMode.SPECULATIVE: []},
-        {DecodeMode.PLAIN: [1, 2, 4], DecodeMode.SPECULATIVE: [1]})
+        {DecodeMode.PLAIN: [1, 2, 4], DecodeMode.SPECULATIVE: [1]},
+        recorded={DecodeMode.PLAIN: {1: 5.0, 2: 9.0, 4: 6.0}})
     assert table[DecodeMode.PLAIN] == {1: 5.0, 2: 6.0, 4: 6.0}
 
 

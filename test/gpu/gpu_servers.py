@@ -138,8 +138,9 @@ class Server:
             return json.loads(response.read())
 
     def flush_cache(self) -> None:
-        """Empty the radix cache (sglang answers in plain text; it refuses while requests run)."""
-        request = urllib.request.Request(self.url + "/flush_cache", data=b"", method="POST")
+        """Empty the radix cache (sglang answers in plain text); sglang waits up to the timeout
+        for the last requests to leave the scheduler, and refuses while any runs."""
+        request = urllib.request.Request(self.url + "/flush_cache?timeout=30", data=b"", method="POST")
         with urllib.request.urlopen(request, timeout=60) as response:
             text = response.read().decode(errors="replace")
         assert "Cache flushed" in text, f"{self.name}: /flush_cache answered {text!r}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
@@ -157,7 +157,8 @@ def new_policy(worker, config: Config, max_speculative_batch: int,
     calibration, bytes_per_ms = _priors_of_the_slowest_rank(
         target_runner, buckets,
         {DecodeMode.PLAIN: [plain_runner] if plain_runner is not None else [],
-         DecodeMode.SPECULATIVE: speculative_runners})
+         DecodeMode.SPECULATIVE: speculative_runners},
+        {DecodeMode.PLAIN: plain_runner.replay_ms} if plain_runner is not None else None)
     target_bytes = kv_bytes_per_token(target_runner)
     draft_bytes = kv_bytes_per_token(worker._draft_worker.draft_runner)
     # A plain step reads the target's KV once; a speculative step once for the verify and
@@ -189,10 +190,12 @@ def new_policy(worker, config: Config, max_speculative_batch: int,
 
 
 def _priors_of_the_slowest_rank(target_runner, buckets: Dict[DecodeMode, List[int]],
-                                mode_runners: Dict[DecodeMode, list]):
+                                mode_runners: Dict[DecodeMode, list],
+                                recorded: Optional[Dict[DecodeMode, Dict[int, float]]]):
     """(calibrated graph-replay ms per mode and bucket, device copy bytes per ms), the same on
-    every rank: the slowest rank's replays and bandwidth."""
-    calibration = calibrate(mode_runners, buckets)
+    every rank: the slowest rank's replays and bandwidth; ``recorded``: graph times taken at
+    capture (the plain graphs)."""
+    calibration = calibrate(mode_runners, buckets, recorded=recorded)
     keys = [(mode, bucket) for mode in MODES for bucket in buckets[mode]]
     bandwidth = memory_bandwidth_gbps(target_runner.device)
     reduced = tp_max_reducer(target_runner.tp_group)(

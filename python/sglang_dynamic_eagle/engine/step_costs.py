@@ -88,16 +88,17 @@ def no_dearer_than_larger(costs: Dict[int, float]) -> Dict[int, float]:
     return dict(sorted(capped.items()))
 
 
-def _time_replays(runners: Sequence, batch_size: int, repeats: int) -> Optional[float]:
-    """Milliseconds of one replay of every runner's graph for ``batch_size``, in order:
-    from the times the runners recorded at capture where one runner makes the step (the plain
-    graphs, ``plain_decode_graphs``), else by replaying the graphs now."""
+def _time_replays(runners: Sequence, batch_size: int, repeats: int,
+                  recorded: Optional[Dict[int, float]] = None) -> Optional[float]:
+    """Milliseconds of one replay of every runner's graph for ``batch_size``, in order: the
+    time ``recorded`` at capture for the graph that step replays (one runner; the plain graphs,
+    ``plain_decode_graphs``), else by replaying the graphs now."""
     sizes = [_smallest_captured(runner, batch_size) for runner in runners]
     if any(size is None for size in sizes):
         return None
-    recorded = getattr(runners[0], "replay_ms", None) if len(runners) == 1 else None
     if recorded is not None:
-        return recorded.get(sizes[0])
+        (size,) = sizes
+        return recorded.get(size)
     return time_replays(runners, sizes, repeats)
 
 
@@ -111,9 +112,12 @@ def calibrate(
     mode_runners: Dict[DecodeMode, Sequence],
     buckets: Dict[DecodeMode, Sequence[int]],
     repeats: int = CALIBRATION_REPEATS,
+    recorded: Optional[Dict[DecodeMode, Dict[int, float]]] = None,
 ) -> Dict[DecodeMode, Dict[int, float]]:
     """Graph-replay milliseconds per mode and bucket; a mode whose graphs cannot be replayed
-    (no graphs, or not full CUDA graphs) is left uncalibrated and measured online only."""
+    (no graphs, or not full CUDA graphs) is left uncalibrated and measured online only.
+    ``recorded``: per mode, graph times taken at capture (graph size -> ms), used instead of
+    replaying that mode's graph now."""
     table: Dict[DecodeMode, Dict[int, float]] = {}
     for mode, runners in mode_runners.items():
         table[mode] = {}
@@ -123,7 +127,7 @@ def calibrate(
             continue
         try:
             for bucket in buckets[mode]:
-                elapsed = _time_replays(runners, bucket, repeats)
+                elapsed = _time_replays(runners, bucket, repeats, (recorded or {}).get(mode))
                 if elapsed is not None:
                     table[mode][bucket] = elapsed
             table[mode] = no_dearer_than_larger(table[mode])
