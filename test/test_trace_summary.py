@@ -52,6 +52,36 @@ def test_host_time_by_window_shows_a_host_that_slows() -> None:
     assert summary_rows(load_trace(Path('-'), trace_text(steps)))[0]["host_us"] is None  # older traces
 
 
+def test_a_span_picks_its_steps_and_keeps_the_traces_clock() -> None:
+    """--span A:B: only the steps A to B seconds after the first, windows numbered on the trace's
+    clock, so a stretch found in a wide view can be read alone."""
+    steps = ([(0.01 * i, "speculative", 4, 8.0, 12) for i in range(10)]
+             + [(5.0 + 0.01 * i, "speculative", 4, 12.0, 12) for i in range(10)]
+             + [(9.0, "plain", 100, 10.0, None)])
+    parsed = load_trace(Path('-'), trace_text(steps))
+    rows = summary_rows(parsed, span=(4.0, 6.0))
+    assert [(r["window_s"], r["mode"], r["steps"], r["median_ms"]) for r in rows] == [(5.0, "speculative", 10, 12.0)]
+    assert len(summary_rows(parsed, windows=2, span=(0.0, 9.0))) == 3  # both ends included
+    with pytest.raises(ValueError, match="no decode step from 1 to 2 s"):
+        summary_rows(parsed, span=(1.0, 2.0))
+
+
+def test_a_span_is_replayed_on_the_whole_traces_costs() -> None:
+    """A load picked by its span replays as the replay tests replay it (part of the whole
+    trace's world): closed loop 32 at acceptance 1.6 of the fixture, by time."""
+    from sglang_dynamic_eagle.observability.trace_summary import replay_regrets
+    from sglang_dynamic_eagle.policy.replay import load_recorded, oracle_rate, recorded_world, simulate, throughput_policy_for
+
+    path = TRACES / "h200-dummy8b-fa3-traffic-c.jsonl.xz"
+    steps, meta = load_recorded(path)
+    first, end = meta["segments"]["closed-32~1.6"]
+    span = (steps[first].t - steps[0].t - 1e-6, steps[end - 1].t - steps[0].t + 1e-6)
+    world = recorded_world(steps, meta).part(first, end)
+    expected = 1.0 - simulate(throughput_policy_for(meta), world, 256).rate / oracle_rate(world, 256)
+    assert replay_regrets(path, span)["policy"] == pytest.approx(expected)
+    assert replay_regrets(path, span)["policy"] != pytest.approx(replay_regrets(path)["policy"])
+
+
 def test_a_recorded_trace_is_replayed_against_the_best_choice() -> None:
     text = render(TRACES / "h200-dummy8b-fa3-defaults.jsonl.xz", windows=2)
     assert "| 0 | speculative | 9-32 |" in text
@@ -65,7 +95,11 @@ def test_the_command_line(tmp_path, capsys) -> None:
     assert main(["trace", str(path)]) == 0
     assert "| 0 | plain | 1-8 | 1 | 1 | 5.0 | 400 | - |" in capsys.readouterr().out  # no config: no replay
     for argv, message in ((["trace", str(tmp_path / "missing")], "trace: no file"),
-                          (["trace", str(path), "--windows", "0"], "--windows 0: give 1 or more")):
+                          (["trace", str(path), "--windows", "0"], "--windows 0: give 1 or more"),
+                          (["trace", str(path), "--span", "3"], "--span 3: give START:END"),
+                          (["trace", str(path), "--span", "5:2"], "--span 5:2: give START:END"),
+                          (["trace", str(path), "--span", "a:b"], "--span a:b: give START:END"),
+                          (["trace", str(path), "--span", "1:2"], "no decode step from 1 to 2 s")):
         with pytest.raises(SystemExit):
             main(argv)
         assert message in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
 A server started with ``SGLANG_DYNAMIC_EAGLE_TRACE=FILE`` records every decode step
 (``observability.trace``). This reads it back: per time window (``--windows N`` equal spans of
-the trace), the steps of each mode by batch range (graphs reach 256 on an H200) with their
+the trace, or of ``--span A:B``, seconds A to B after its first step), the steps of each mode by batch range (graphs reach 256 on an H200) with their
 measured time (median), output tokens per second (plain: one token per request; speculative:
 the tokens its verifies yielded) and host microseconds (median: the worker's own work / the
 mode's step call), so a slowdown, a mode held where the other served more, a host that paces
@@ -31,25 +31,43 @@ def _range_of(batch: int) -> Tuple[int, str]:
     return index, f"{low}-{high}" if high is not None else f">= {low}"
 
 
-def summary_rows(steps: Sequence[TraceStep], windows: int = 1) -> List[Dict[str, object]]:
-    """One row per (window, mode, batch range) with steps: steps, timed steps, median step ms,
-    tokens per second over the timed ones (None without any), median host microseconds ("worker
-    / step call"; None in traces without them)."""
+def span_indices(steps: Sequence[TraceStep], span: Optional[Tuple[float, float]]) -> Tuple[int, int]:
+    """[first, end) of the steps decided from ``span[0]`` to ``span[1]`` seconds after the trace's
+    first step (all of them without a span)."""
     if not steps:
         raise ValueError("no decode steps in the trace (is it a SGLANG_DYNAMIC_EAGLE_TRACE file?)")
-    start, end = min(s.t for s in steps), max(s.t for s in steps)
-    span = (end - start) / windows or 1.0
+    if span is None:
+        return 0, len(steps)
+    start = steps[0].t
+    chosen = [i for i, s in enumerate(steps) if span[0] <= s.t - start <= span[1]]
+    if not chosen:
+        raise ValueError(f"no decode step from {span[0]:g} to {span[1]:g} s (the trace spans "
+                         f"{steps[-1].t - start:.1f} s)")
+    return chosen[0], chosen[-1] + 1
+
+
+def summary_rows(steps: Sequence[TraceStep], windows: int = 1,
+                 span: Optional[Tuple[float, float]] = None) -> List[Dict[str, object]]:
+    """One row per (window, mode, batch range) with steps: steps, timed steps, median step ms,
+    tokens per second over the timed ones (None without any), median host microseconds ("worker
+    / step call"; None in traces without them). ``window_s``: the window's start, seconds after
+    the trace's first step."""
+    first, end = span_indices(steps, span)
+    origin, steps = steps[0].t, steps[first:end]
+    start, last = min(s.t for s in steps), max(s.t for s in steps)
+    width = (last - start) / windows or 1.0
     groups: Dict[Tuple[int, DecodeMode, Tuple[int, str]], List[TraceStep]] = {}
     for step in steps:
-        window = min(int((step.t - start) / span), windows - 1)
+        window = min(int((step.t - start) / width), windows - 1)
         groups.setdefault((window, step.mode, _range_of(step.batch)), []).append(step)
+    offset = start - origin if span is not None else 0.0
     rows = []
     for (window, mode, (_, batches)), chosen in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1].value, g[0][2])):
         plain = mode is DecodeMode.PLAIN
         timed = [s for s in chosen if s.ms and (plain or s.spec_tokens)]
         served = sum(s.batch if plain else s.spec_tokens for s in timed)
         hosts = [s.host_us for s in chosen if s.host_us]
-        rows.append({"window_s": round(window * span), "mode": mode.value, "batch": batches, "steps": len(chosen),
+        rows.append({"window_s": round(offset + window * width, 1 if span else None), "mode": mode.value, "batch": batches, "steps": len(chosen),
                      "timed": len(timed), "median_ms": round(statistics.median(s.ms for s in timed), 2) if timed else None,
                      "tokens_per_s": round(1000 * served / sum(s.ms for s in timed)) if timed else None,
                      "host_us": " / ".join(f"{statistics.median(h[i] for h in hosts):.0f}" for i in (0, 1))
@@ -57,14 +75,15 @@ def summary_rows(steps: Sequence[TraceStep], windows: int = 1) -> List[Dict[str,
     return rows
 
 
-def replay_regrets(path: Path) -> Optional[Dict[str, float]]:
+def replay_regrets(path: Path, span: Optional[Tuple[float, float]] = None) -> Optional[Dict[str, float]]:
     """Below the best mode choice (0.05 = 5% fewer tokens per second), for the policy the trace's
-    configuration builds and for speculating always / never; None without a configuration line."""
+    configuration builds and for speculating always / never; None without a configuration line.
+    With a span, its steps costed by the whole trace's fit (as the replay tests cost a load)."""
     try:
         steps, meta = load_recorded(path)
     except ValueError:
         return None
-    world = recorded_world(steps, meta)
+    world = recorded_world(steps, meta).part(*span_indices(steps, span))
     best = oracle_rate(world, REPLAY_WINDOW)
     top = meta["max_speculative_batch"]
     policies = {"policy": throughput_policy_for(meta),
@@ -74,13 +93,14 @@ def replay_regrets(path: Path) -> Optional[Dict[str, float]]:
     return {name: 1.0 - simulate(policy, world, REPLAY_WINDOW).rate / best for name, policy in policies.items()}
 
 
-def render(path: Path, windows: int = 1, replay: bool = True) -> str:
-    rows = summary_rows(load_trace(Path(path)), windows)
+def render(path: Path, windows: int = 1, replay: bool = True,
+           span: Optional[Tuple[float, float]] = None) -> str:
+    rows = summary_rows(load_trace(Path(path)), windows, span)
     columns: Sequence[str] = ("window_s", "mode", "batch", "steps", "timed", "median_ms", "tokens_per_s", "host_us")
     lines = [f"Decode steps of {path}:", "", "| " + " | ".join(columns) + " |",
              "|" + " --- |" * len(columns)]
     lines += ["| " + " | ".join("-" if row[c] is None else str(row[c]) for c in columns) + " |" for row in rows]
-    regrets = replay_regrets(Path(path)) if replay else None
+    regrets = replay_regrets(Path(path), span) if replay else None
     if regrets is not None:
         lines += ["", "Replayed below the best mode choice per step: " + ", ".join(
             f"{name} {100 * value:.1f}%" for name, value in regrets.items())]

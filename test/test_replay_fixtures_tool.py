@@ -1,0 +1,30 @@
+"""`tools/replay_fixtures.py`: the policy on every load of the committed traces, per share."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from sglang_dynamic_eagle.policy import throughput
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("replay_fixtures", ROOT / "tools" / "replay_fixtures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_one_row_per_load_and_the_share_restored(tmp_path, capsys) -> None:
+    fixture = ROOT / "test" / "data" / "traces" / "h200-dummy8b-fa3-traffic-c"
+    for suffix in (".json", ".jsonl.xz"):
+        (tmp_path / f"{fixture.name}{suffix}").symlink_to(f"{fixture}{suffix}")
+    assert load_tool().main(["--traces", str(tmp_path), "--shares", "0.01,0.5"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| h200-dummy8b-fa3-traffic-c:")]
+    assert len(rows) == 9 and "| mean of 9 |" in out
+    worst = out.splitlines()[-1].split("|")[2:4]
+    assert float(worst[0].strip(" %")) < float(worst[1].strip(" %"))  # half the time exploring costs
+    assert throughput.EXPLORATION_SHARE == 0.01

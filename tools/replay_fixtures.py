@@ -1,0 +1,55 @@
+"""The automatic policy replayed on every load of the committed decode-step traces
+(``test/data/traces/``, each load costed by its whole trace's fit, as the replay tests do), with
+the exploration budget at each share given: how far below the oracle's mode choices it comes,
+per load, then the mean and the worst. CPU only.
+
+    python3 tools/replay_fixtures.py --shares 0.01,0.02,0.04
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Optional, Sequence
+
+from sglang_dynamic_eagle.policy import throughput
+from sglang_dynamic_eagle.policy.replay import (load_recorded, oracle_rate, recorded_world, simulate,
+                                                throughput_policy_for)
+
+TRACES = Path(__file__).resolve().parents[1] / "test" / "data" / "traces"
+WINDOW = 256  # the server's catch-up window
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shares", default=str(throughput.EXPLORATION_SHARE),
+                        help="exploration shares of decode time, comma-separated")
+    parser.add_argument("--traces", type=Path, default=TRACES)
+    args = parser.parse_args(argv)
+    shares = [float(x) for x in args.shares.split(",")]
+    loads = []
+    for path in sorted(args.traces.glob("*.jsonl.xz")):
+        steps, meta = load_recorded(path)
+        world = recorded_world(steps, meta)
+        loads += [(f"{path.name.split('.')[0]}:{name}", meta, world.part(first, end))
+                  for name, (first, end) in meta.get("segments", {}).items()]
+    print("| load | " + " | ".join(f"share {s:g}" for s in shares) + " |")
+    print("|" + " --- |" * (len(shares) + 1))
+    regrets = {s: [] for s in shares}
+    default = throughput.EXPLORATION_SHARE
+    try:
+        for name, meta, world in loads:
+            best = oracle_rate(world, WINDOW)
+            for share in shares:
+                throughput.EXPLORATION_SHARE = share
+                regrets[share].append(1.0 - simulate(throughput_policy_for(meta), world, WINDOW).rate / best)
+            print(f"| {name} | " + " | ".join(f"{100 * regrets[s][-1]:.2f}%" for s in shares) + " |")
+    finally:
+        throughput.EXPLORATION_SHARE = default
+    print(f"| mean of {len(loads)} | " + " | ".join(f"{100 * sum(r) / len(r):.2f}%" for r in regrets.values()) + " |")
+    print("| worst | " + " | ".join(f"{100 * max(r):.2f}%" for r in regrets.values()) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
