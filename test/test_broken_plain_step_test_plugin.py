@@ -22,6 +22,7 @@ def _load_plugin():
 @pytest.fixture
 def restore_plain_step(monkeypatch) -> None:
     monkeypatch.setattr(plain_step, "turn_into_decode_batch", plain_step.turn_into_decode_batch)
+    monkeypatch.setattr(plain_step.PlainDecodeStep, "_sample", plain_step.PlainDecodeStep._sample)
 
 
 def decode_batch() -> SimpleNamespace:
@@ -58,6 +59,25 @@ def test_kv_slot_writes_each_plain_token_into_the_previous_positions_slot(
     assert broken.out_cache_loc.tolist() == [102, 114]
     assert broken.seq_lens.tolist() == correct.seq_lens.tolist() == [4, 6]
     assert broken.input_ids.tolist() == [11, 12]
+
+
+def test_greedy_samples_plain_steps_greedily_and_restores_the_batchs_setting(
+    restore_plain_step, monkeypatch
+) -> None:
+    seen = []
+
+    def sampler_records(self, batch, forward_batch, logits_output):
+        seen.append(forward_batch.sampling_info.is_all_greedy)
+        return "ids"
+
+    monkeypatch.setattr(plain_step.PlainDecodeStep, "_sample", sampler_records)
+    monkeypatch.setenv(BREAK_ENV, "greedy")
+    _load_plugin().register()
+    forward_batch = SimpleNamespace(sampling_info=SimpleNamespace(is_all_greedy=False))
+    assert plain_step.PlainDecodeStep._sample(None, None, forward_batch, None) == "ids"
+    assert seen == [True]
+    assert forward_batch.sampling_info.is_all_greedy is False
+    assert plain_step.turn_into_decode_batch.__name__ == "turn_into_decode_batch"
 
 
 def test_a_bad_value_is_refused(restore_plain_step, monkeypatch) -> None:

@@ -42,12 +42,11 @@ def eval_set() -> dict:
 @pytest.fixture(scope="session")
 def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
     """Plain, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds, and automatic) servers of the tiny
-    trained pair, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds) with a tree of topk 4, and the
-    catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1), and
-    EAGLE3_DYNAMIC with plain-mode prefills deferring the draft's prefill (and its negative
-    control, which leaves one prompt position to the catch-up). Those that the selected tests
-    name in their ``uses_servers`` markers start together before the first of them runs (one
-    at a time, the nine take several minutes); any other starts when a test first uses it."""
+    trained pair, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds) with a tree of topk 4, the
+    catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1) and the
+    sampling tests' (EAGLE3_DYNAMIC whose plain steps sample greedily). Those that the selected
+    tests name in their ``uses_servers`` markers start together before the first of them runs;
+    any other starts when a test first uses it."""
     common, draft = tiny_pair_args()
     common = common + TINY_MEMORY_ARGS
     tree_draft = ["--speculative-draft-model-path", str(TINY_PAIR / "draft"), *TREE_SHAPE]
@@ -63,10 +62,14 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
         # Negative control of the catch-up test: it catches up one position per request.
         "tiny_dynamic_window1": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                           *FIXED_THRESHOLD_FLAGS],
+        # Negative control of the sampling tests: its plain steps sample greedily.
+        "tiny_dynamic_greedy_plain": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
+                                               *FIXED_THRESHOLD_FLAGS],
     }
     env = tiny_pair_server_env()
     server_envs = {
         "tiny_dynamic_window1": {CATCHUP_WINDOW_ENV: "1"},
+        "tiny_dynamic_greedy_plain": {"SGLANG_DE_TEST_BREAK_PLAIN_STEP": "greedy"},
     }
     servers = LazyServers(specs, env=env, server_envs=server_envs)
     try:

@@ -151,16 +151,20 @@ class Server:
         max_new_tokens: int,
         *,
         top_logprobs_num: int = 0,
+        sampling: Optional[Dict[str, float]] = None,
+        return_logprob: bool = False,
     ) -> dict:
+        """Greedy unless ``sampling`` is given: then its parameters replace the temperature
+        (``{}``: sglang's defaults, temperature 1.0)."""
         payload = {
             "input_ids": list(input_ids),
             "sampling_params": {
-                "temperature": 0.0,
+                **({"temperature": 0.0} if sampling is None else sampling),
                 "max_new_tokens": max_new_tokens,
                 "ignore_eos": True,
             },
         }
-        if top_logprobs_num:
+        if top_logprobs_num or return_logprob:
             payload.update(return_logprob=True, top_logprobs_num=top_logprobs_num)
         return self.post("/generate", payload)
 

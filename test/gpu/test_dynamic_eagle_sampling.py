@@ -1,0 +1,122 @@
+"""EAGLE3_DYNAMIC sampling with temperature > 0 (the tiny trained pair, float32, real acceptance).
+
+Requests that set no sampling parameters get sglang's defaults (temperature 1.0); chat clients
+commonly send a lower temperature with top-p. Sampled tokens differ from server to server, so
+the comparison is of distributions (``sampling_comparison``): each prompt is sent
+``SAMPLING_REPEATS`` times in waves that switch the dynamic server's mode both ways, and the mean
+log-probability of its sampled tokens must match the reference server's within ``MAX_Z``
+standard errors:
+
+* sglang's defaults against the plain server (the logprob of a token at temperature 1.0 is the
+  same on every server);
+* temperature 0.7 with top-p 0.9 against EAGLE3 (both report logprobs before the temperature);
+* the negative control: a server whose plain steps sample greedily exceeds the bound.
+
+Every request must also come back whole with a finite logprob per token, and repeats of a prompt
+must differ (the server sampled at all).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+import pytest
+
+from gpu_servers import send_in_waves
+from sampling_comparison import compare_sampling
+
+pytestmark = pytest.mark.gpu
+
+SAMPLING_PROMPTS = 16
+SAMPLING_REPEATS = 16
+# Request lengths by position in a wave of WAVE_SIZE: a wave drains from 4 running requests to
+# 1, so the fixed-threshold server (2 / 2 / 2) switches both ways in every wave.
+WAVE_SIZE = 4
+LENGTHS = (16, 32, 48, 64)
+# Four standard errors: a server that samples the reference's distributions stays within it but
+# for one run in 16,000.
+MAX_Z = 4.0
+# The bound (MAX_Z standard errors) must be narrow enough to see a plain step that samples
+# greedily on a share of the tokens: a quarter nat per token (on the CPU,
+# test/test_sampling_comparison.py, greedy picks at 15% of a model's positions moved the mean by
+# 0.12 nats).
+MAX_BOUND_NATS = 0.25
+MIN_SWITCHES = 4
+SGLANG_DEFAULTS: Dict[str, float] = {}  # no sampling parameter: temperature 1.0, top-p 1.0
+CHAT = {"temperature": 0.7, "top_p": 0.9}
+
+
+def repeated_prompts(eval_set: dict) -> List[Dict]:
+    """Request i asks for prompt i % SAMPLING_PROMPTS, LENGTHS[i % WAVE_SIZE] tokens (each
+    prompt always the same length: SAMPLING_PROMPTS is a multiple of WAVE_SIZE)."""
+    prompts = eval_set["prompts"][:SAMPLING_PROMPTS]
+    return [{"input_ids": prompts[i % SAMPLING_PROMPTS]["input_ids"],
+             "max_new_tokens": LENGTHS[i % WAVE_SIZE]}
+            for i in range(SAMPLING_PROMPTS * SAMPLING_REPEATS)]
+
+
+def prompt_keys() -> List[int]:
+    return [i % SAMPLING_PROMPTS for i in range(SAMPLING_PROMPTS * SAMPLING_REPEATS)]
+
+
+def sample(server, prompts: Sequence[Dict], sampling: Dict[str, float]) -> List[dict]:
+    outputs = send_in_waves(server, prompts, WAVE_SIZE, sampling=sampling, return_logprob=True)
+    for prompt, output in zip(prompts, outputs):
+        assert len(output["output_ids"]) == prompt["max_new_tokens"]
+        assert len(output["meta_info"]["output_token_logprobs"]) == prompt["max_new_tokens"]
+    return outputs
+
+
+def distinct_per_prompt(outputs: Sequence[dict]) -> int:
+    """The fewest distinct outputs among the repeats of any one prompt."""
+    by_prompt: Dict[int, set] = {}
+    for index, output in enumerate(outputs):
+        by_prompt.setdefault(index % SAMPLING_PROMPTS, set()).add(tuple(output["output_ids"]))
+    return min(len(seen) for seen in by_prompt.values())
+
+
+def sampled_against(dynamic, reference, prompts, sampling, label: str):
+    before = dynamic.dynamic_counters()
+    outputs = sample(dynamic, prompts, sampling)
+    after = dynamic.dynamic_counters()
+    reference_outputs = sample(reference, prompts, sampling)
+    comparison = compare_sampling(outputs, reference_outputs, prompt_keys())
+    switches = {key: after[key] - before.get(key, 0)
+                for key in ("switches_to_plain", "switches_to_speculative")}
+    print(f"{label}: {dynamic.name} against {reference.name}: {comparison.summary()}; switches "
+          f"{switches}; fewest distinct outputs of a prompt {distinct_per_prompt(outputs)} / "
+          f"{distinct_per_prompt(reference_outputs)} of {SAMPLING_REPEATS}")
+    assert min(switches.values()) >= MIN_SWITCHES
+    assert after["speculative_steps"] > before.get("speculative_steps", 0)
+    assert after["plain_steps"] > before.get("plain_steps", 0)
+    assert MAX_Z * comparison.standard_error <= MAX_BOUND_NATS, "too few sequences to see a broken step"
+    assert distinct_per_prompt(reference_outputs) > 1
+    return comparison, outputs
+
+
+# (reference server, sampling parameters): sglang's defaults against plain decoding, a chat
+# client's against EAGLE3 (whose logprobs are also taken before the temperature).
+CASES = {
+    "sglang-defaults": ("tiny_plain", SGLANG_DEFAULTS),
+    "chat-0.7-top-p-0.9": ("tiny_eagle3", CHAT),
+}
+
+
+@pytest.mark.parametrize("case", [pytest.param(name, marks=pytest.mark.uses_servers("tiny_dynamic", reference))
+                                  for name, (reference, _) in CASES.items()])
+def test_sampling_matches_the_reference_across_switches(tiny_servers, eval_set, case):
+    reference, sampling = CASES[case]
+    comparison, outputs = sampled_against(tiny_servers["tiny_dynamic"], tiny_servers[reference],
+                                          repeated_prompts(eval_set), sampling, case)
+    assert distinct_per_prompt(outputs) > 1
+    assert abs(comparison.z) <= MAX_Z
+
+
+@pytest.mark.uses_servers("tiny_dynamic_greedy_plain", "tiny_plain")
+def test_negative_control_plain_steps_that_sample_greedily_fail(tiny_servers, eval_set):
+    """What the sampling tests assert must not hold for a server whose plain steps ignore the
+    requests' sampling parameters."""
+    comparison, _ = sampled_against(tiny_servers["tiny_dynamic_greedy_plain"],
+                                    tiny_servers["tiny_plain"], repeated_prompts(eval_set),
+                                    SGLANG_DEFAULTS, "negative control")
+    assert abs(comparison.z) > MAX_Z
