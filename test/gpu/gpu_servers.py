@@ -14,6 +14,7 @@ import random
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -141,8 +142,11 @@ class Server:
         """Empty the radix cache (sglang answers in plain text); sglang waits up to the timeout
         for the last requests to leave the scheduler, and refuses while any runs."""
         request = urllib.request.Request(self.url + "/flush_cache?timeout=30", data=b"", method="POST")
-        with urllib.request.urlopen(request, timeout=60) as response:
-            text = response.read().decode(errors="replace")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                text = response.read().decode(errors="replace")
+        except urllib.error.HTTPError as error:  # 400: still busy at the timeout
+            text = f"HTTP {error.code}: {error.read().decode(errors='replace')}"
         assert "Cache flushed" in text, f"{self.name}: /flush_cache answered {text!r}"
 
     def generate(

@@ -2,9 +2,9 @@
 
 With temperature > 0 two servers that sample from the same distributions give different tokens,
 so outputs cannot be compared token by token. What they share is the distribution: each sampled
-token's log-probability under the target (``output_token_logprobs``, reported before the
-temperature by a speculative step's verify and by EAGLE3_DYNAMIC's plain step alike) has the same
-expectation on both servers, the negative entropy of what is sampled, for every prompt. A
+token's log-probability (``output_token_logprobs``: the target's distribution at the request's
+temperature, before top-p, as a plain server, a speculative step's verify and EAGLE3_DYNAMIC's
+plain step all report it) has the same expectation on both servers for every prompt. A
 sequence's mean over its tokens is one sample of its prompt's; the comparison is a z-test on the
 difference of the two servers' means, prompt by prompt (each prompt sent several times to both),
 averaged over the prompts:

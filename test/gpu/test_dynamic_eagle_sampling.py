@@ -7,13 +7,13 @@ the comparison is of distributions (``sampling_comparison``): each prompt is sen
 log-probability of its sampled tokens must match the reference server's within ``MAX_Z``
 standard errors:
 
-* sglang's defaults against the plain server (the logprob of a token at temperature 1.0 is the
-  same on every server);
-* temperature 0.7 with top-p 0.9 against EAGLE3 (both report logprobs before the temperature);
+* sglang's defaults, and a chat client's temperature 0.7 with top-p 0.9, against the plain
+  server (every server reports a token's logprob at the request's temperature, before top-p);
 * the negative control: a server whose plain steps sample greedily exceeds the bound.
 
-Every request must also come back whole with a finite logprob per token, and repeats of a prompt
-must differ (the server sampled at all).
+Every request must also come back whole with a finite logprob per token, and the repeats of some
+prompt must differ (the server sampled at all; at 0.7 with top-p 0.9 the tiny pair keeps a single
+token at every position of some prompts).
 """
 
 from __future__ import annotations
@@ -67,12 +67,12 @@ def sample(server, prompts: Sequence[Dict], sampling: Dict[str, float]) -> List[
     return outputs
 
 
-def distinct_per_prompt(outputs: Sequence[dict]) -> int:
-    """The fewest distinct outputs among the repeats of any one prompt."""
+def most_distinct(outputs: Sequence[dict]) -> int:
+    """The most distinct outputs among the repeats of one prompt."""
     by_prompt: Dict[int, set] = {}
     for index, output in enumerate(outputs):
         by_prompt.setdefault(index % SAMPLING_PROMPTS, set()).add(tuple(output["output_ids"]))
-    return min(len(seen) for seen in by_prompt.values())
+    return max(len(seen) for seen in by_prompt.values())
 
 
 def sampled_against(dynamic, reference, prompts, sampling, label: str):
@@ -84,31 +84,25 @@ def sampled_against(dynamic, reference, prompts, sampling, label: str):
     switches = {key: after[key] - before.get(key, 0)
                 for key in ("switches_to_plain", "switches_to_speculative")}
     print(f"{label}: {dynamic.name} against {reference.name}: {comparison.summary()}; switches "
-          f"{switches}; fewest distinct outputs of a prompt {distinct_per_prompt(outputs)} / "
-          f"{distinct_per_prompt(reference_outputs)} of {SAMPLING_REPEATS}")
+          f"{switches}; most distinct outputs of a prompt {most_distinct(outputs)} / "
+          f"{most_distinct(reference_outputs)} of {SAMPLING_REPEATS}")
     assert min(switches.values()) >= MIN_SWITCHES
     assert after["speculative_steps"] > before.get("speculative_steps", 0)
     assert after["plain_steps"] > before.get("plain_steps", 0)
     assert MAX_Z * comparison.standard_error <= MAX_BOUND_NATS, "too few sequences to see a broken step"
-    assert distinct_per_prompt(reference_outputs) > 1
+    assert most_distinct(reference_outputs) > 1
     return comparison, outputs
 
 
-# (reference server, sampling parameters): sglang's defaults against plain decoding, a chat
-# client's against EAGLE3 (whose logprobs are also taken before the temperature).
-CASES = {
-    "sglang-defaults": ("tiny_plain", SGLANG_DEFAULTS),
-    "chat-0.7-top-p-0.9": ("tiny_eagle3", CHAT),
-}
+CASES = {"sglang-defaults": SGLANG_DEFAULTS, "chat-0.7-top-p-0.9": CHAT}
 
 
-@pytest.mark.parametrize("case", [pytest.param(name, marks=pytest.mark.uses_servers("tiny_dynamic", reference))
-                                  for name, (reference, _) in CASES.items()])
-def test_sampling_matches_the_reference_across_switches(tiny_servers, eval_set, case):
-    reference, sampling = CASES[case]
-    comparison, outputs = sampled_against(tiny_servers["tiny_dynamic"], tiny_servers[reference],
-                                          repeated_prompts(eval_set), sampling, case)
-    assert distinct_per_prompt(outputs) > 1
+@pytest.mark.uses_servers("tiny_dynamic", "tiny_plain")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sampling_matches_plain_decoding_across_switches(tiny_servers, eval_set, case):
+    comparison, outputs = sampled_against(tiny_servers["tiny_dynamic"], tiny_servers["tiny_plain"],
+                                          repeated_prompts(eval_set), CASES[case], case)
+    assert most_distinct(outputs) > 1
     assert abs(comparison.z) <= MAX_Z
 
 

@@ -140,8 +140,10 @@ class PlainDecodeStep:
         self, batch: ScheduleBatch, forward_batch: ForwardBatch, logits_output
     ) -> torch.Tensor:
         """Sample like a plain server. Logprobs, in the spec-v2 ``[bs, 1]`` layout, are
-        those of the logits after penalties, logit bias and grammar mask, before
-        temperature: what EAGLE's verify reports in speculative steps."""
+        those of the logits after penalties, logit bias and grammar mask (kept before the
+        sampler scales them), at the requests' temperature (``compute_spec_v2_logprobs``
+        divides by it unless every request is greedy): what EAGLE's verify reports in
+        speculative steps."""
         runner = self._target_worker.model_runner
         sampling_info = forward_batch.sampling_info
         runner._preprocess_logits(logits_output, sampling_info)
