@@ -408,6 +408,34 @@ def test_a_recorded_trace_carries_the_policy_that_recorded_it(tmp_path) -> None:
     assert meta["catchup"]["per_token_ms"] == pytest.approx(1.0 / 128)
 
 
+def test_a_traced_step_carries_the_decisions_reason_and_predictions(tmp_path) -> None:
+    """Each step line of the automatic policy says why it chose and what it predicted of both
+    modes (the decision /server_info lists); a policy without predictions writes none."""
+    import json
+
+    from sglang_dynamic_eagle.engine.observations import PolicyFeed
+    from sglang_dynamic_eagle.observability.trace import traced
+
+    for original, predicts in ((modelled_policy(), True),
+                               (ThresholdPolicy(ThresholdPolicyConfig(24, 16, 4, 128)), False)):
+        path = tmp_path / f"trace-{predicts}.jsonl"
+        policy, _ = traced(original, PolicyFeed(original), str(path))
+        written = []
+        for step, b in enumerate([4, 8, 40], start=1):
+            policy.decide(StepObservation(batch_size=b, kv_tokens=700 * b, step=step))
+            written.append(original.recent[-1] if predicts else None)
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        steps = [line for line in lines if line["k"] == "step"]
+        if not predicts:
+            assert all("why" not in line and "ps" not in line for line in steps)
+            continue
+        assert [(line["why"], line["pp"], line["ps"]) for line in steps] == [
+            (d.reason, round(d.plain_tok_per_s), round(d.spec_tok_per_s)) for d in written]
+        assert all(line["ps"] > 0 and line["pp"] > 0 for line in steps)
+        assert [s.predicted for s in load_recorded(path)[0]] == [
+            line["pp" if line["mode"] == "plain" else "ps"] for line in steps]
+
+
 def test_a_queue_beyond_the_largest_graphs_is_judged_at_those_graphs() -> None:
     """Overload with fa3 (one H200, 2026-12-04): about 120 requests running on graphs up to 128,
     dozens queued, so the batch the load heads for lies above both modes' graphs. Each mode is

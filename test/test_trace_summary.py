@@ -52,6 +52,18 @@ def test_host_time_by_window_shows_a_host_that_slows() -> None:
     assert summary_rows(load_trace(Path('-'), trace_text(steps)))[0]["host_us"] is None  # older traces
 
 
+def test_predicted_rates_beside_the_measured_ones() -> None:
+    """Steps that carry the policy's prediction for the mode that ran ("pp" / "ps") show its
+    median beside the measured rate; traces without them show none."""
+    text = trace_text([(0.01 * i, "speculative", 4, 8.0, 12) for i in range(5)])
+    lines = [json.loads(line) for line in text.splitlines()]
+    for n, line in enumerate(line for line in lines if line["k"] == "step"):
+        line.update(why="stay", pp=500, ps=1400 + 100 * n)
+    rows = summary_rows(load_trace(Path('-'), "\n".join(json.dumps(line) for line in lines)))
+    assert [(r["tokens_per_s"], r["predicted"]) for r in rows] == [(1500, 1600)]
+    assert summary_rows(load_trace(Path('-'), text))[0]["predicted"] is None
+
+
 def test_a_span_picks_its_steps_and_keeps_the_traces_clock() -> None:
     """--span A:B: only the steps A to B seconds after the first, windows numbered on the trace's
     clock, so a stretch found in a wide view can be read alone."""
@@ -93,7 +105,7 @@ def test_the_command_line(tmp_path, capsys) -> None:
     path = tmp_path / "trace.jsonl"
     path.write_text(trace_text([(0.0, "plain", 2, 5.0, None)]))
     assert main(["trace", str(path)]) == 0
-    assert "| 0 | plain | 1-8 | 1 | 1 | 5.0 | 400 | - |" in capsys.readouterr().out  # no config: no replay
+    assert "| 0 | plain | 1-8 | 1 | 1 | 5.0 | 400 | - | - |" in capsys.readouterr().out  # no config: no replay
     for argv, message in ((["trace", str(tmp_path / "missing")], "trace: no file"),
                           (["trace", str(path), "--windows", "0"], "--windows 0: give 1 or more"),
                           (["trace", str(path), "--span", "3"], "--span 3: give START:END"),

@@ -5,7 +5,10 @@ One JSON object per line, appended as the server runs, joined by step in
 
 * ``{"k": "config", ...}`` first: the automatic policy's configuration and priors (a server
   restarted on the same file appends another; a replay reads the last);
-* ``{"k": "step", "step", "t", "mode", "b", "kv", "q"}`` when a decode step is decided;
+* ``{"k": "step", "step", "t", "mode", "b", "kv", "q"}`` when a decode step is decided; with
+  the automatic policy also ``"why"`` (its reason: stay, predicted gain, probe...) and ``"pp"``,
+  ``"ps"``: the output tokens per second it predicted for plain and speculative decoding, from
+  the acceptance of the requests in the batch, at the batch the load was heading for;
 * ``{"k": "time", "step", "ms"}`` when its measured time reaches the policy;
 * ``{"k": "verify", "step", "tokens", "requests"}`` when a speculative step's verify result is
   processed (tokens include the bonus token);
@@ -40,10 +43,14 @@ class StepTrace:
     def _write(self, record: dict) -> None:
         self._file.write(_ENCODE(record) + "\n")
 
-    def step(self, observation, mode) -> None:
-        self._write({"k": "step", "step": observation.step, "t": round(time.time(), 4),
-                     "mode": mode.value, "b": observation.batch_size,
-                     "kv": observation.kv_tokens, "q": observation.queued})
+    def step(self, observation, mode, decision=None) -> None:
+        record = {"k": "step", "step": observation.step, "t": round(time.time(), 4),
+                  "mode": mode.value, "b": observation.batch_size,
+                  "kv": observation.kv_tokens, "q": observation.queued}
+        if decision is not None:
+            record.update(why=decision.reason, pp=round(decision.plain_tok_per_s),
+                          ps=round(decision.spec_tok_per_s))
+        self._write(record)
 
     def time(self, step: int, ms: float) -> None:
         self._write({"k": "time", "step": step, "ms": round(ms, 4)})
@@ -73,7 +80,8 @@ class TracedPolicy:
 
     def decide(self, observation):
         mode = self.policy.decide(observation)
-        self._trace.step(observation, mode)
+        latest = getattr(self.policy, "recent", None)  # the automatic policy's decisions
+        self._trace.step(observation, mode, latest[-1] if latest else None)
         return mode
 
     def report(self) -> dict:

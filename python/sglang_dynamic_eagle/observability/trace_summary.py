@@ -4,8 +4,10 @@ A server started with ``SGLANG_DYNAMIC_EAGLE_TRACE=FILE`` records every decode s
 (``observability.trace``). This reads it back: per time window (``--windows N`` equal spans of
 the trace, or of ``--span A:B``, seconds A to B after its first step), the steps of each mode by batch range (graphs reach 256 on an H200) with their
 measured time (median), output tokens per second (plain: one token per request; speculative:
-the tokens its verifies yielded) and host microseconds (median: the worker's own work / the
-mode's step call), so a slowdown, a mode held where the other served more, a host that paces
+the tokens its verifies yielded), the tokens per second the policy predicted for the mode at
+those steps (median; traces of the automatic policy since 2026-12-05) and host microseconds
+(median: the worker's own work / the mode's step call), so a prediction far from the outcome, a
+slowdown, a mode held where the other served more, a host that paces
 the GPU, or a batch range never measured shows at a glance. With the trace's configuration
 line, the policy is replayed on the trace against the best mode choice knowing both modes'
 costs (``policy.replay``): how far below it the policy's choices are, and speculating always or
@@ -49,9 +51,9 @@ def span_indices(steps: Sequence[TraceStep], span: Optional[Tuple[float, float]]
 def summary_rows(steps: Sequence[TraceStep], windows: int = 1,
                  span: Optional[Tuple[float, float]] = None) -> List[Dict[str, object]]:
     """One row per (window, mode, batch range) with steps: steps, timed steps, median step ms,
-    tokens per second over the timed ones (None without any), median host microseconds ("worker
-    / step call"; None in traces without them). ``window_s``: the window's start, seconds after
-    the trace's first step."""
+    tokens per second over the timed ones (None without any), the median predicted tokens per
+    second and median host microseconds ("worker / step call"; each None in traces without
+    them). ``window_s``: the window's start, seconds after the trace's first step."""
     first, end = span_indices(steps, span)
     origin, steps = steps[0].t, steps[first:end]
     start, last = min(s.t for s in steps), max(s.t for s in steps)
@@ -67,9 +69,11 @@ def summary_rows(steps: Sequence[TraceStep], windows: int = 1,
         timed = [s for s in chosen if s.ms and (plain or s.spec_tokens)]
         served = sum(s.batch if plain else s.spec_tokens for s in timed)
         hosts = [s.host_us for s in chosen if s.host_us]
+        predicted = [s.predicted for s in chosen if s.predicted is not None]
         rows.append({"window_s": round(offset + window * width, 1 if span else None), "mode": mode.value, "batch": batches, "steps": len(chosen),
                      "timed": len(timed), "median_ms": round(statistics.median(s.ms for s in timed), 2) if timed else None,
                      "tokens_per_s": round(1000 * served / sum(s.ms for s in timed)) if timed else None,
+                     "predicted": round(statistics.median(predicted)) if predicted else None,
                      "host_us": " / ".join(f"{statistics.median(h[i] for h in hosts):.0f}" for i in (0, 1))
                      if hosts else None})
     return rows
@@ -96,7 +100,8 @@ def replay_regrets(path: Path, span: Optional[Tuple[float, float]] = None) -> Op
 def render(path: Path, windows: int = 1, replay: bool = True,
            span: Optional[Tuple[float, float]] = None) -> str:
     rows = summary_rows(load_trace(Path(path)), windows, span)
-    columns: Sequence[str] = ("window_s", "mode", "batch", "steps", "timed", "median_ms", "tokens_per_s", "host_us")
+    columns: Sequence[str] = ("window_s", "mode", "batch", "steps", "timed", "median_ms", "tokens_per_s", "predicted",
+                              "host_us")
     lines = [f"Decode steps of {path}:", "", "| " + " | ".join(columns) + " |",
              "|" + " --- |" * len(columns)]
     lines += ["| " + " | ".join("-" if row[c] is None else str(row[c]) for c in columns) + " |" for row in rows]

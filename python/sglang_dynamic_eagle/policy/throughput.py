@@ -117,7 +117,7 @@ class ThroughputPolicy:
         # Largest batch each mode's graphs were timed at (step 2 of the module docstring).
         self._largest = (self.costs[DecodeMode.PLAIN].buckets[-1], min(
             config.max_speculative_batch, self.costs[DecodeMode.SPECULATIVE].buckets[-1]))
-        self._recent: Deque[Decision] = deque(maxlen=RECENT_DECISIONS)
+        self.recent: Deque[Decision] = deque(maxlen=RECENT_DECISIONS)  # newest last (and the trace's)
         self._measured: Deque[Decision] = deque(maxlen=RECENT_DECISIONS)
         self._by_step: Dict[int, Decision] = {}
 
@@ -278,7 +278,7 @@ class ThroughputPolicy:
             step=obs.step or self._step, mode=mode, batch=obs.batch_size, projected_batch=projected,
             kv_tokens=obs.kv_tokens, queued=obs.queued, plain_tok_per_s=1000 * r_plain,
             spec_tok_per_s=1000 * r_spec, predicted_ms=predicted, reason=reason)
-        self._recent.append(decision)
+        self.recent.append(decision)
         self._by_step[decision.step] = decision
         if len(self._by_step) > 4 * RECENT_DECISIONS:  # steps whose time never came back
             for step in sorted(self._by_step)[: len(self._by_step) - 4 * RECENT_DECISIONS]:
@@ -330,7 +330,7 @@ class ThroughputPolicy:
             "speculative_cost": self.costs[DecodeMode.SPECULATIVE].report(),
             "catchup_ms_per_100_tokens": round(self.catchup.predict(100), 3),
             # The latest decisions whose step time came back, then the latest one.
-            "recent_decisions": [d.as_dict() for d in [*self._measured, *list(self._recent)[-1:]]],
+            "recent_decisions": [d.as_dict() for d in [*self._measured, *list(self.recent)[-1:]]],
         }
 
 def new_throughput_policy(
