@@ -517,7 +517,7 @@ def test_the_queue_and_the_remaining_tokens_reach_the_throughput_policy(worker) 
     assert [o.queued for o in worker._policy.observations] == [0, 31, 0, 0]
     assert [s[1] for s in worker._timings.steps] == [SPEC, PLAIN, SPEC, PLAIN]
     assert worker._catchup.caught_up == [[0]]
-    reasons = [d.reason for d in worker._policy.policy._recent]
+    reasons = [d.reason for d in worker._policy.policy.recent]
     assert reasons == ["stay", "predicted gain", "predicted gain", "predicted gain"]
 
 
