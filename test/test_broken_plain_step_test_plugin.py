@@ -64,19 +64,29 @@ def test_kv_slot_writes_each_plain_token_into_the_previous_positions_slot(
 def test_greedy_samples_plain_steps_greedily_and_restores_the_batchs_setting(
     restore_plain_step, monkeypatch
 ) -> None:
+    """Only the sampler's call sees a greedy batch: the logprobs after it are computed with the
+    request's setting, and the runner's sampler is restored."""
     seen = []
 
-    def sampler_records(self, batch, forward_batch, logits_output):
-        seen.append(forward_batch.sampling_info.is_all_greedy)
+    def sampler(logits, sampling_info, *args):
+        seen.append(("sampler", sampling_info.is_all_greedy))
         return "ids"
 
-    monkeypatch.setattr(plain_step.PlainDecodeStep, "_sample", sampler_records)
+    runner = SimpleNamespace(sampler=sampler)
+    step = SimpleNamespace(_target_worker=SimpleNamespace(model_runner=runner))
+
+    def sample_then_logprobs(self, batch, forward_batch, logits_output):
+        ids = self._target_worker.model_runner.sampler(logits_output, forward_batch.sampling_info, False)
+        seen.append(("logprobs", forward_batch.sampling_info.is_all_greedy))
+        return ids
+
+    monkeypatch.setattr(plain_step.PlainDecodeStep, "_sample", sample_then_logprobs)
     monkeypatch.setenv(BREAK_ENV, "greedy")
     _load_plugin().register()
     forward_batch = SimpleNamespace(sampling_info=SimpleNamespace(is_all_greedy=False))
-    assert plain_step.PlainDecodeStep._sample(None, None, forward_batch, None) == "ids"
-    assert seen == [True]
-    assert forward_batch.sampling_info.is_all_greedy is False
+    assert plain_step.PlainDecodeStep._sample(step, None, forward_batch, None) == "ids"
+    assert seen == [("sampler", True), ("logprobs", False)]
+    assert forward_batch.sampling_info.is_all_greedy is False and runner.sampler is sampler
     assert plain_step.turn_into_decode_batch.__name__ == "turn_into_decode_batch"
 
 

@@ -28,3 +28,11 @@ def test_one_row_per_load_and_the_share_restored(tmp_path, capsys) -> None:
     worst = out.splitlines()[-1].split("|")[2:4]
     assert float(worst[0].strip(" %")) < float(worst[1].strip(" %"))  # half the time exploring costs
     assert throughput.EXPLORATION_SHARE == 0.01
+
+
+def test_a_folder_without_loads_is_refused(tmp_path, capsys) -> None:
+    import pytest
+
+    with pytest.raises(SystemExit):
+        load_tool().main(["--traces", str(tmp_path)])
+    assert "no loads in" in capsys.readouterr().err

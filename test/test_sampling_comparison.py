@@ -1,10 +1,12 @@
 """The GPU tests' sampling comparison (test/gpu/sampling_comparison.py), on outputs drawn on the
 CPU from known distributions: a server sampling the reference's distribution passes the z bound
-of the sampling test, one that samples a tenth of its tokens greedily does not."""
+of the sampling test, and its z spreads as a standard normal's (the standard error is neither
+too small nor too large); one that samples 15% of its tokens greedily does not pass."""
 
 import importlib.util
 import math
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -58,6 +60,16 @@ def test_the_same_distribution_stays_within_the_bound() -> None:
     reference = outputs(len(KEYS), 32, seed=1)
     zs = [compare(outputs(len(KEYS), 32, seed=s), reference).z for s in range(2, 12)]
     assert max(abs(z) for z in zs) < MAX_Z
+
+
+def test_z_spreads_as_a_standard_normal() -> None:
+    """Over independent pairs of servers sampling the same distributions, z has a spread near 1: a
+    standard error computed too large (pooled prompts, say) would shrink it, too small widen it."""
+    zs = [compare(outputs(len(KEYS), 16, seed=2 * s), outputs(len(KEYS), 16, seed=2 * s + 1)).z
+          for s in range(40)]
+    spread = statistics.pstdev(zs)
+    assert 0.7 < spread < 1.4, spread
+    assert abs(statistics.fmean(zs)) < 0.5
 
 
 def test_a_step_that_samples_greedily_exceeds_it() -> None:

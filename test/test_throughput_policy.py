@@ -134,7 +134,7 @@ def recorded_segments():
     for trace in TRACES:
         _, meta = load_recorded(trace)
         for name in meta.get("segments", {}):
-            yield pytest.param(trace, name, id=f"{trace.name.split('.')[0]}:{name}")
+            yield pytest.param(trace, name, id=f"{trace.name.split('.jsonl')[0]}:{name}")
 
 
 def test_a_replay_world_follows_what_was_measured_near_each_step_in_both_modes() -> None:
@@ -421,8 +421,8 @@ def test_a_traced_step_carries_the_decisions_reason_and_predictions(tmp_path) ->
         path = tmp_path / f"trace-{predicts}.jsonl"
         policy, _ = traced(original, PolicyFeed(original), str(path))
         written = []
-        for step, b in enumerate([4, 8, 40], start=1):
-            policy.decide(StepObservation(batch_size=b, kv_tokens=700 * b, step=step))
+        for step, (b, queued) in enumerate([(4, 0), (8, 0), (40, 20)], start=1):
+            policy.decide(StepObservation(batch_size=b, kv_tokens=700 * b, queued=queued, step=step))
             written.append(original.recent[-1] if predicts else None)
         lines = [json.loads(line) for line in path.read_text().splitlines()]
         steps = [line for line in lines if line["k"] == "step"]
@@ -432,8 +432,10 @@ def test_a_traced_step_carries_the_decisions_reason_and_predictions(tmp_path) ->
         assert [(line["why"], line["pp"], line["ps"]) for line in steps] == [
             (d.reason, round(d.plain_tok_per_s), round(d.spec_tok_per_s)) for d in written]
         assert all(line["ps"] > 0 and line["pp"] > 0 for line in steps)
+        assert [line.get("pb") for line in steps] == [None, None, 60]  # the queue's batch
+        # Read back as the rate expected of the batch that ran: none where a queue set another.
         assert [s.predicted for s in load_recorded(path)[0]] == [
-            line["pp" if line["mode"] == "plain" else "ps"] for line in steps]
+            line["pp" if line["mode"] == "plain" else "ps"] for line in steps[:2]] + [None]
 
 
 def test_a_queue_beyond_the_largest_graphs_is_judged_at_those_graphs() -> None:

@@ -62,6 +62,11 @@ def test_predicted_rates_beside_the_measured_ones() -> None:
     rows = summary_rows(load_trace(Path('-'), "\n".join(json.dumps(line) for line in lines)))
     assert [(r["tokens_per_s"], r["predicted"]) for r in rows] == [(1500, 1600)]
     assert summary_rows(load_trace(Path('-'), text))[0]["predicted"] is None
+    # Predicted for a larger batch than ran (a queue), or with a mode's cost unknown (0): left out.
+    steps = [line for line in lines if line["k"] == "step"]
+    steps[3]["pb"], steps[4]["ps"] = 40, 0
+    rows = summary_rows(load_trace(Path('-'), "\n".join(json.dumps(line) for line in lines)))
+    assert rows[0]["predicted"] == 1500  # the median of 1400, 1500, 1600
 
 
 def test_a_span_picks_its_steps_and_keeps_the_traces_clock() -> None:

@@ -31,8 +31,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for path in sorted(args.traces.glob("*.jsonl.xz")):
         steps, meta = load_recorded(path)
         world = recorded_world(steps, meta)
-        loads += [(f"{path.name.split('.')[0]}:{name}", meta, world.part(first, end))
+        loads += [(f"{path.name.split('.jsonl')[0]}:{name}", meta, world.part(first, end))
                   for name, (first, end) in meta.get("segments", {}).items()]
+    if not loads:
+        parser.error(f"no loads in {args.traces}: a trace needs a sidecar <name>.json with 'segments'")
     print("| load | " + " | ".join(f"share {s:g}" for s in shares) + " |")
     print("|" + " --- |" * (len(shares) + 1))
     regrets = {s: [] for s in shares}

@@ -9,8 +9,8 @@ sequence's mean over its tokens is one sample of its prompt's; the comparison is
 difference of the two servers' means, prompt by prompt (each prompt sent several times to both),
 averaged over the prompts:
 
-    d = mean over prompts p of (mean_p - reference_mean_p)
-    z = d / sqrt(sum over p of (var_p / n_p + reference_var_p / reference_n_p)) * prompts
+    d = mean over the P prompts p of (mean_p - reference_mean_p)
+    z = d * P / sqrt(sum over p of (var_p / n_p + reference_var_p / reference_n_p))
 
 so prompts that are easier or harder to predict add no noise. A server sampling a sharper or
 flatter distribution than the reference (a step that ignores the temperature, applies it twice

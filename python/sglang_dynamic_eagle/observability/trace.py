@@ -8,7 +8,8 @@ One JSON object per line, appended as the server runs, joined by step in
 * ``{"k": "step", "step", "t", "mode", "b", "kv", "q"}`` when a decode step is decided; with
   the automatic policy also ``"why"`` (its reason: stay, predicted gain, probe...) and ``"pp"``,
   ``"ps"``: the output tokens per second it predicted for plain and speculative decoding, from
-  the acceptance of the requests in the batch, at the batch the load was heading for;
+  the acceptance of the requests in the batch, at the batch the load was heading for (``"pb"``,
+  where a queue made it larger than ``"b"``; 0 where a mode's cost was unknown);
 * ``{"k": "time", "step", "ms"}`` when its measured time reaches the policy;
 * ``{"k": "verify", "step", "tokens", "requests"}`` when a speculative step's verify result is
   processed (tokens include the bonus token);
@@ -50,6 +51,8 @@ class StepTrace:
         if decision is not None:
             record.update(why=decision.reason, pp=round(decision.plain_tok_per_s),
                           ps=round(decision.spec_tok_per_s))
+            if decision.projected_batch != observation.batch_size:
+                record["pb"] = decision.projected_batch
         self._write(record)
 
     def time(self, step: int, ms: float) -> None:

@@ -5,7 +5,8 @@ A server started with ``SGLANG_DYNAMIC_EAGLE_TRACE=FILE`` records every decode s
 the trace, or of ``--span A:B``, seconds A to B after its first step), the steps of each mode by batch range (graphs reach 256 on an H200) with their
 measured time (median), output tokens per second (plain: one token per request; speculative:
 the tokens its verifies yielded), the tokens per second the policy predicted for the mode at
-those steps (median; traces of the automatic policy since 2026-12-05) and host microseconds
+those steps (median over steps without a queue, where it predicted at the batch that ran; absent
+from older traces) and host microseconds
 (median: the worker's own work / the mode's step call), so a prediction far from the outcome, a
 slowdown, a mode held where the other served more, a host that paces
 the GPU, or a batch range never measured shows at a glance. With the trace's configuration

@@ -41,7 +41,7 @@ class TraceStep:
     spec_tokens: Optional[float] = None  # tokens a verify yielded (speculative steps)
     t: float = field(default=0.0, compare=False)  # when it was decided (the server's clock, s)
     host_us: Optional[Tuple[float, float]] = field(default=None, compare=False)  # worker, step call
-    predicted: Optional[float] = field(default=None, compare=False)  # tok/s the policy expected of it
+    predicted: Optional[float] = field(default=None, compare=False)  # tok/s expected at this batch
 
 
 def load_trace(path: Path, text: Optional[str] = None) -> List[TraceStep]:
@@ -56,7 +56,7 @@ def load_trace(path: Path, text: Optional[str] = None) -> List[TraceStep]:
                   ms=times[n]["ms"] if n in times else None,
                   spec_tokens=verifies[n]["tokens"] if n in verifies else None, t=r.get("t", 0.0),
                   host_us=(hosts[n]["us"], hosts[n]["step_us"]) if n in hosts else None,
-                  predicted=r.get("pp" if r["mode"] == DecodeMode.PLAIN.value else "ps"))
+                  predicted=None if "pb" in r else r.get("pp" if r["mode"] == "plain" else "ps") or None)
         for n, r in sorted(by_kind["step"].items())
     ]
 

@@ -5,9 +5,10 @@ With SGLANG_DE_TEST_BREAK_PLAIN_STEP in a server's environment:
 * ``kv-slot``: every plain step writes the target's K/V of its token into the slot of the
   position before (an off-by-one that a batch rewrite can make), so the slot of the new position
   is never written. A lossless comparison must fail on such a server.
-* ``greedy``: every plain step picks the most likely token whatever the request's sampling
-  parameters (a plain step that lost the batch's sampling settings); its logprobs stay those of
-  the tokens it picked. A sampling comparison must fail on such a server.
+* ``greedy``: every plain step's sampler picks the most likely token whatever the request's
+  sampling parameters (a plain step that lost the batch's sampling settings); its logprobs are
+  computed as before, at the request's temperature, for the tokens it picked. A sampling
+  comparison must fail on such a server.
 
 Without the variable the plugin does nothing. Installed only on the GPU machine by
 test/gpu/run.sh; never part of the product wheel.
@@ -48,13 +49,22 @@ def register() -> None:
     sample = plain_step.PlainDecodeStep._sample
 
     def sample_greedily(self, batch, forward_batch, logits_output):
-        info = forward_batch.sampling_info
-        was_greedy = info.is_all_greedy
-        info.is_all_greedy = True
+        runner = self._target_worker.model_runner
+        sampler = runner.sampler
+
+        def greedy(logits, sampling_info, *args):
+            was_greedy = sampling_info.is_all_greedy
+            sampling_info.is_all_greedy = True
+            try:
+                return sampler(logits, sampling_info, *args)
+            finally:
+                sampling_info.is_all_greedy = was_greedy
+
+        runner.sampler = greedy  # for this step's sampler call only
         try:
             return sample(self, batch, forward_batch, logits_output)
         finally:
-            info.is_all_greedy = was_greedy
+            runner.sampler = sampler
 
     plain_step.PlainDecodeStep._sample = sample_greedily
     logger.warning("%s=%s: plain steps ignore the requests' sampling (test only)", BREAK_ENV, value)
