@@ -67,3 +67,19 @@ def test_a_prefill_that_never_reached_the_draft_is_not_counted(events) -> None:
     for event in events:
         event.done = True
     assert timer.report()["prefill_batches"] == 0
+
+
+def test_each_completed_batch_goes_to_the_sink_once(events) -> None:
+    """Per-prefill times for the trace, as the batches complete, the totals unchanged."""
+    timer, seen = PrefillTimer(), []
+    timer.sink = lambda tokens, target_ms, draft_ms: seen.append((tokens, target_ms, draft_ms))
+    timed_prefill(timer, 512)  # events at 0, 5, 10 ms
+    timed_prefill(timer, 100)  # events at 15, 20, 25 ms
+    timer.report()
+    assert seen == []
+    for event in events:
+        event.done = True
+    timer.report()
+    timer.report()
+    assert seen == [(512, 5.0, 5.0), (100, 5.0, 5.0)]
+    assert timer.report()["prefill_draft_gpu_ms"] == 10.0

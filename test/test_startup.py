@@ -4,6 +4,7 @@ measurements (graph replays, copy bandwidth, KV bytes) replaced by fixed numbers
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import List, Optional
 
@@ -151,18 +152,30 @@ def test_build_decode_parts(measured, monkeypatch, tmp_path, trace: bool) -> Non
     assert parts.feed.crossover_batch() >= 0
 
 
-def test_the_worker_takes_every_part_once_its_graphs_are_captured(monkeypatch) -> None:
+@pytest.mark.parametrize("trace", [False, True], ids=["untraced", "traced"])
+def test_the_worker_takes_every_part_once_its_graphs_are_captured(monkeypatch, tmp_path, trace) -> None:
+    """...and a traced server's prefill batches go to its trace, one line each."""
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
     from sglang_dynamic_eagle.engine import worker as worker_module
+    from sglang_dynamic_eagle.observability.prefill_timing import PrefillTimer
+    from sglang_dynamic_eagle.observability.trace import StepTrace
 
-    parts = startup.DecodeParts(*(object() for _ in range(6)))
+    path = tmp_path / "trace.jsonl"
+    feed = TracedFeed(PolicyFeed(object()), StepTrace(str(path))) if trace else object()
+    parts = startup.DecodeParts(*(object() for _ in range(4)), feed, object())
     monkeypatch.setattr(EAGLEWorkerV2, "init_cuda_graphs", lambda self: None)
     monkeypatch.setattr(worker_module, "build_decode_parts", lambda worker, config: parts)
     worker = object.__new__(worker_module.DynamicEagleWorker)
     worker.config = Config()
+    worker.prefill_timer = PrefillTimer()
     worker.init_cuda_graphs()
     assert (worker._catchup, worker._plain_graphs, worker._plain_step, worker._policy,
             worker._feed, worker._timings) == (parts.catchup, parts.plain_graphs,
                                                parts.plain_step, parts.policy, parts.feed,
                                                parts.timings)
+    assert (worker.prefill_timer.sink is not None) is trace
+    if trace:
+        worker.prefill_timer.sink(290, 13.4, 3.6)
+        line = json.loads(path.read_text().splitlines()[-1])
+        assert (line["k"], line["tokens"], line["target_ms"], line["draft_ms"]) == ("prefill", 290, 13.4, 3.6)

@@ -69,6 +69,25 @@ def test_predicted_rates_beside_the_measured_ones() -> None:
     assert rows[0]["predicted"] == 1500  # the median of 1400, 1500, 1600
 
 
+def test_prefill_batches_by_prompt_length(tmp_path) -> None:
+    """The trace's prefill lines, per prompt-token range: the draft's share apart from the
+    target's, within a span too; a trace without them shows no prefill table."""
+    path = tmp_path / "trace.jsonl"
+    prefills = [{"k": "prefill", "t": 1.0 + i, "tokens": tokens, "target_ms": target, "draft_ms": draft}
+                for i, (tokens, target, draft) in enumerate([(290, 10.0, 3.0), (300, 12.0, 3.0),
+                                                             (8192, 200.0, 8.0)])]
+    path.write_text(trace_text([(0.0, "plain", 2, 5.0, None), (2.0, "plain", 2, 5.0, None),
+                                (5.0, "plain", 2, 5.0, None)])
+                    + "".join(json.dumps(p) + "\n" for p in prefills))
+    text = render(path, replay=False)
+    assert "| 257-1024 | 2 | 11.0 | 3.0 | 0.273 |" in text
+    assert "| 4097-None" not in text and "| >= 4097 | 1 | 200.0 | 8.0 | 0.04 |" in text
+    assert "| 257-1024 | 1 | 12.0 | 3.0 | 0.25 |" in render(path, replay=False, span=(1.5, 2.5))
+    assert "Prefill batches" not in render(path, replay=False, span=(3.5, 5.0))
+    path.write_text(trace_text([(0.0, "plain", 2, 5.0, None)]))
+    assert "Prefill batches" not in render(path, replay=False)
+
+
 def test_a_span_picks_its_steps_and_keeps_the_traces_clock() -> None:
     """--span A:B: only the steps A to B seconds after the first, windows numbered on the trace's
     clock, so a stretch found in a wide view can be read alone."""

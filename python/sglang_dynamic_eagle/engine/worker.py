@@ -69,6 +69,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._catchup, self._plain_graphs, self._plain_step = (
             parts.catchup, parts.plain_graphs, parts.plain_step)
         self._policy, self._feed, self._timings = parts.policy, parts.feed, parts.timings
+        self.prefill_timer.sink = getattr(self._feed, "prefill", None)  # traced servers only
 
     # -- scheduler-facing overrides ---------------------------------------
 

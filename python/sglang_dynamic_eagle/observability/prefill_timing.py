@@ -32,7 +32,9 @@ class PrefillEvents:
 
 
 class PrefillTimer:
-    """Totals over completed prefill batches (batches, tokens, target ms, draft ms)."""
+    """Totals over completed prefill batches (batches, tokens, target ms, draft ms); each
+    completed batch also goes to ``sink(tokens, target_ms, draft_ms)`` where one is set (the
+    decode-step trace's)."""
 
     def __init__(self) -> None:
         self._pending: Deque[PrefillEvents] = deque()
@@ -40,6 +42,7 @@ class PrefillTimer:
         self.tokens = 0
         self.target_ms = 0.0
         self.draft_ms = 0.0
+        self.sink: Optional[Callable[[int, float, float], None]] = None
 
     def timed(self, num_tokens: int, on_publish: Optional[Callable[[Any], None]],
               forward: Callable[[Callable[[Any], None]], Any]) -> Any:
@@ -74,10 +77,14 @@ class PrefillTimer:
     def harvest(self) -> None:
         while self._pending and self._pending[0].end.query():
             events = self._pending.popleft()
+            target_ms = events.start.elapsed_time(events.target_end)
+            draft_ms = events.target_end.elapsed_time(events.end)
             self.batches += 1
             self.tokens += events.num_tokens
-            self.target_ms += events.start.elapsed_time(events.target_end)
-            self.draft_ms += events.target_end.elapsed_time(events.end)
+            self.target_ms += target_ms
+            self.draft_ms += draft_ms
+            if self.sink is not None:
+                self.sink(events.num_tokens, target_ms, draft_ms)
 
     def report(self) -> Dict[str, float]:
         self.harvest()

@@ -15,6 +15,8 @@ One JSON object per line, appended as the server runs, joined by step in
   processed (tokens include the bonus token);
 * ``{"k": "catchup", "t", "tokens", "ms"}`` when a catch-up's GPU time reaches the policy
   (the slowest rank's, with the step times);
+* ``{"k": "prefill", "t", "tokens", "target_ms", "draft_ms"}`` when a prefill batch's GPU time
+  is read (at the next prefill or report): the target's extend and the draft's apart;
 * ``{"k": "host", "step", "us", "step_us"}`` after a decode step: host microseconds of the
   worker's own work around it (the trace's own ``step`` line included) and of the mode's step
   (launches, a catch-up's included); result processing, which the server's ``host_dispatch_ms``
@@ -67,6 +69,10 @@ class StepTrace:
         self._write({"k": "catchup", "t": round(time.time(), 4), "tokens": tokens,
                      "ms": round(ms, 4)})
 
+    def prefill(self, tokens: int, target_ms: float, draft_ms: float) -> None:
+        self._write({"k": "prefill", "t": round(time.time(), 4), "tokens": tokens,
+                     "target_ms": round(target_ms, 4), "draft_ms": round(draft_ms, 4)})
+
     def host(self, step: int, dispatch_s: float, step_s: float) -> None:
         self._write({"k": "host", "step": step, "us": round(1e6 * dispatch_s, 1),
                      "step_us": round(1e6 * step_s, 1)})
@@ -112,6 +118,10 @@ class TracedFeed:
 
     def host_time(self, step: int, dispatch_s: float, step_s: float) -> None:
         self._trace.host(step, dispatch_s, step_s)
+
+    def prefill(self, tokens: int, target_ms: float, draft_ms: float) -> None:
+        """A prefill batch's GPU time (``PrefillTimer.sink``: traced only)."""
+        self._trace.prefill(tokens, target_ms, draft_ms)
 
     def crossover_batch(self) -> int:
         return self.feed.crossover_batch()

@@ -12,11 +12,14 @@ slowdown, a mode held where the other served more, a host that paces
 the GPU, or a batch range never measured shows at a glance. With the trace's configuration
 line, the policy is replayed on the trace against the best mode choice knowing both modes'
 costs (``policy.replay``): how far below it the policy's choices are, and speculating always or
-never for comparison.
+never for comparison. Prefill batches (``prefill`` lines, absent from older traces) are summed
+per prompt-token range: the target's and the draft's GPU time apart.
 """
 
 from __future__ import annotations
 
+import json
+import lzma
 import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -26,6 +29,7 @@ from sglang_dynamic_eagle.policy.replay import (TraceStep, load_recorded, load_t
                                                 recorded_world, simulate, throughput_policy_for)
 
 BATCH_RANGES: Tuple[Tuple[int, Optional[int]], ...] = ((1, 8), (9, 32), (33, 128), (129, 256), (257, None))
+PREFILL_RANGES: Tuple[Tuple[int, Optional[int]], ...] = ((1, 256), (257, 1024), (1025, 4096), (4097, None))
 REPLAY_WINDOW = 256  # catch-up window of the replay (the server's default)
 
 
@@ -98,14 +102,41 @@ def replay_regrets(path: Path, span: Optional[Tuple[float, float]] = None) -> Op
     return {name: 1.0 - simulate(policy, world, REPLAY_WINDOW).rate / best for name, policy in policies.items()}
 
 
+def prefill_rows(records: Sequence[dict], origin: float,
+                 span: Optional[Tuple[float, float]] = None) -> List[Dict[str, object]]:
+    """Per prompt-token range, the trace's prefill batches (``prefill`` lines, read at ``origin``
+    + the span): batches, median target and draft GPU milliseconds, the draft's total over the
+    target's."""
+    groups: Dict[Tuple[int, Optional[int]], List[dict]] = {}
+    for r in records:
+        if r.get("k") == "prefill" and (span is None or span[0] <= r["t"] - origin <= span[1]):
+            key = next(x for x in PREFILL_RANGES if x[1] is None or r["tokens"] <= x[1])
+            groups.setdefault(key, []).append(r)
+    return [{"tokens": f"{low}-{high}" if high else f">= {low}", "batches": len(chosen),
+             "target_ms": round(statistics.median(r["target_ms"] for r in chosen), 2),
+             "draft_ms": round(statistics.median(r["draft_ms"] for r in chosen), 2),
+             "draft_share": round(sum(r["draft_ms"] for r in chosen) / max(1e-9, sum(r["target_ms"] for r in chosen)), 3)}
+            for (low, high), chosen in sorted(groups.items())]
+
+
 def render(path: Path, windows: int = 1, replay: bool = True,
            span: Optional[Tuple[float, float]] = None) -> str:
-    rows = summary_rows(load_trace(Path(path)), windows, span)
+    path = Path(path)
+    text = lzma.open(path, "rt").read() if path.suffix == ".xz" else path.read_text()
+    steps = load_trace(path, text)
+    rows = summary_rows(steps, windows, span)
     columns: Sequence[str] = ("window_s", "mode", "batch", "steps", "timed", "median_ms", "tokens_per_s", "predicted",
                               "host_us")
     lines = [f"Decode steps of {path}:", "", "| " + " | ".join(columns) + " |",
              "|" + " --- |" * len(columns)]
     lines += ["| " + " | ".join("-" if row[c] is None else str(row[c]) for c in columns) + " |" for row in rows]
+    prefills = prefill_rows([json.loads(line) for line in text.splitlines() if '"prefill"' in line],
+                            steps[0].t, span)
+    if prefills:
+        keys = ("tokens", "batches", "target_ms", "draft_ms", "draft_share")
+        lines += ["", "Prefill batches (GPU time, median ms; the draft's total over the target's):", "",
+                  "| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
+        lines += ["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in prefills]
     regrets = replay_regrets(Path(path), span) if replay else None
     if regrets is not None:
         lines += ["", "Replayed below the best mode choice per step: " + ", ".join(
