@@ -152,6 +152,20 @@ def test_build_decode_parts(measured, monkeypatch, tmp_path, trace: bool) -> Non
     assert parts.feed.crossover_batch() >= 0
 
 
+def test_one_trace_writer_per_replica() -> None:
+    """Tensor-parallel ranks decide alike: rank 0 alone writes the trace; data-parallel replicas
+    write files of their own."""
+    from sglang.srt.distributed.parallel_state_wrapper import ParallelState
+
+    traced_config = Config(trace_path="/tmp/t.jsonl")
+    worker = lambda **ranks: SimpleNamespace(ps=ParallelState.trivial(**ranks))  # noqa: E731
+    assert startup.trace_file(worker(), traced_config) == "/tmp/t.jsonl"
+    assert startup.trace_file(worker(tp_rank=1, tp_size=2), traced_config) is None
+    assert startup.trace_file(worker(dp_rank=2, dp_size=3), traced_config) == "/tmp/t.jsonl.dp2"
+    assert startup.trace_file(worker(), Config()) is None
+    assert startup.trace_file(SimpleNamespace(), traced_config) == "/tmp/t.jsonl"  # no parallel state
+
+
 @pytest.mark.parametrize("trace", [False, True], ids=["untraced", "traced"])
 def test_the_worker_takes_every_part_once_its_graphs_are_captured(monkeypatch, tmp_path, trace) -> None:
     """...and a traced server's prefill batches go to its trace, one line each."""

@@ -70,7 +70,7 @@ def build_decode_parts(worker, config: Config) -> DecodeParts:
     max_speculative_batch = speculative_graph_max_bs(worker, config)
     policy = new_policy(worker, config, max_speculative_batch, plain_graphs, catchup.max_window)
     summary = policy_summary(policy)
-    policy, feed = traced(policy, PolicyFeed(policy), config.trace_path)
+    policy, feed = traced(policy, PolicyFeed(policy), trace_file(worker, config))
     timings = TimingFeed(tp_max_reducer(target_runner.tp_group), feed.step_time,
                          catchup_sink=feed.catchup)
     logger.info(
@@ -81,6 +81,17 @@ def build_decode_parts(worker, config: Config) -> DecodeParts:
         catchup.ring_size, catchup.stash_bytes / 2**20, catchup.max_window,
     )
     return DecodeParts(catchup, plain_graphs, plain_step, policy, feed, timings)
+
+
+def trace_file(worker, config: Config) -> Optional[str]:
+    """This process's trace file, if any: tensor-parallel rank 0 writes it (every rank decides
+    alike, so one holds the whole trace); a data-parallel replica beyond the first writes
+    ``<file>.dp<rank>``."""
+    ps = getattr(worker, "ps", None)  # sglang's ParallelState (registry: engine)
+    if not config.trace_path or getattr(ps, "tp_rank", 0):
+        return None
+    dp_rank = getattr(ps, "dp_rank", None) or 0
+    return f"{config.trace_path}.dp{dp_rank}" if dp_rank else config.trace_path
 
 
 def policy_summary(policy: DecodePolicy) -> str:

@@ -280,6 +280,19 @@ ENGINE_RELIANCES: Tuple[UpstreamReliance, ...] = (
         ),
     ),
     UpstreamReliance(
+        target="EAGLEWorkerV2.ps: ParallelState.tp_rank and dp_rank",
+        how="the decode-step trace is written by tensor-parallel rank 0 only, and a "
+        "data-parallel replica beyond the first writes <file>.dp<rank> "
+        "(engine.startup.trace_file)",
+        why="every rank decides alike; one writer per replica keeps each step once in a trace",
+        drop_when="never (sglang's own parallel state); re-check the names on upgrade",
+        kind=BEHAVIOUR,
+        code=(
+            "sglang.srt.distributed.parallel_state_wrapper.ParallelState.tp_rank",
+            "sglang.srt.distributed.parallel_state_wrapper.ParallelState.dp_rank",
+        ),
+    ),
+    UpstreamReliance(
         target="GroupCoordinator.cpu_group / world_size of the target's tp_group",
         how="torch.distributed.all_reduce(MAX) of the cost vector on the TP group's gloo group "
         "every 8 decode steps and once at start-up (engine.step_costs.tp_max_reducer)",
