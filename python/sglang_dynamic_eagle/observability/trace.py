@@ -1,4 +1,6 @@
 """Decode-step traces for replay (opt-in: ``SGLANG_DYNAMIC_EAGLE_TRACE=<file>``, ``config``).
+Tensor-parallel rank 0 writes the file; a data-parallel replica beyond the first writes
+``<file>.dp<rank>`` (``engine.startup.trace_file``).
 
 One JSON object per line, appended as the server runs, joined by step in
 ``policy.replay.load_trace``:
