@@ -38,16 +38,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("| load | " + " | ".join(f"share {s:g}" for s in shares) + " |")
     print("|" + " --- |" * (len(shares) + 1))
     regrets = {s: [] for s in shares}
-    default = throughput.EXPLORATION_SHARE
-    try:
-        for name, meta, world in loads:
-            best = oracle_rate(world, WINDOW)
-            for share in shares:
-                throughput.EXPLORATION_SHARE = share
-                regrets[share].append(1.0 - simulate(throughput_policy_for(meta), world, WINDOW).rate / best)
-            print(f"| {name} | " + " | ".join(f"{100 * regrets[s][-1]:.2f}%" for s in shares) + " |")
-    finally:
-        throughput.EXPLORATION_SHARE = default
+    for name, meta, world in loads:
+        best = oracle_rate(world, WINDOW)
+        for share in shares:
+            policy = throughput_policy_for({**meta, "exploration_share": share})
+            regrets[share].append(1.0 - simulate(policy, world, WINDOW).rate / best)
+        print(f"| {name} | " + " | ".join(f"{100 * regrets[s][-1]:.2f}%" for s in shares) + " |")
     print(f"| mean of {len(loads)} | " + " | ".join(f"{100 * sum(r) / len(r):.2f}%" for r in regrets.values()) + " |")
     print("| worst | " + " | ".join(f"{100 * max(r):.2f}%" for r in regrets.values()) + " |")
     return 0

@@ -342,7 +342,7 @@ def throughput_policy_for(meta: dict, per_kv_token_scale: float = 1.0):
     config = ThroughputPolicyConfig(**{
         name: meta[name] for name in ("max_speculative_batch", "max_running_requests",
                                       "kv_capacity_tokens", "catchup_window",
-                                      "catchup_max_tokens") if name in meta})
+                                      "catchup_max_tokens", "exploration_share") if name in meta})
     spec = calibration[DecodeMode.SPECULATIVE]
     prior = meta.get("catchup_prior_fixed_ms", spec[min(spec)] if spec else 0.0)
     return new_throughput_policy(config, buckets, calibration, per_kv,

@@ -18,7 +18,7 @@ Each decode step (names as in ``step_model``):
    (``b * min(plain steps, window)`` tokens at the fitted catch-up cost); leaving it pays
    nothing now. A noise-free crossing therefore costs at most twice the best switch schedule's
    loss (the ski-rental bound), with no step counts to tune.
-4. **Exploration from an explicit budget.** Every decode step adds ``EXPLORATION_SHARE`` of its
+4. **Exploration from an explicit budget.** Every decode step adds ``exploration_share`` (1%) of its
    predicted time to a budget (capped at ``EXPLORATION_CAP_PROBES`` probes' worth). The other
    mode is measured for ``PROBE_STEPS`` steps when the budget covers the probe's predicted
    loss plus its catch-up, and the other mode could win at its best (speculation at full
@@ -57,6 +57,7 @@ class ThroughputPolicyConfig:
     kv_capacity_tokens: int  # KV pool size in tokens
     catchup_window: int  # most plain-decoded positions a catch-up redoes per request
     catchup_max_tokens: int = 8192  # most positions one catch-up redoes over all requests
+    exploration_share: float = EXPLORATION_SHARE  # of decode time, for probes (docstring, step 4)
 
     def __post_init__(self) -> None:
         for name in ("max_speculative_batch", "max_running_requests", "kv_capacity_tokens",
@@ -192,10 +193,8 @@ class ThroughputPolicy:
         r_spec = y_spec / t_spec if t_spec else 0.0
         current = self._mode
         t_current = t_plain if current is DecodeMode.PLAIN else t_spec
-        self._budget_ms = min(
-            self._budget_ms + EXPLORATION_SHARE * (t_current or 0.0),
-            self._budget_cap(t_plain, t_spec),
-        )
+        self._budget_ms = min(self._budget_ms + self.config.exploration_share * (t_current or 0.0),
+                              self._budget_cap(t_plain, t_spec))
 
         spec_bucket = self.costs[DecodeMode.SPECULATIVE].bucket_of(b)
         if b == 0 or b > self.config.max_speculative_batch or spec_bucket is None:
