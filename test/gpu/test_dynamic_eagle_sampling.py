@@ -73,8 +73,8 @@ def sample(server, prompts: Sequence[Dict], sampling: Dict[str, float]) -> List[
 def most_distinct(outputs: Sequence[dict]) -> int:
     """The most distinct outputs among the repeats of one prompt."""
     by_prompt: Dict[int, set] = {}
-    for index, output in enumerate(outputs):
-        by_prompt.setdefault(index % SAMPLING_PROMPTS, set()).add(tuple(output["output_ids"]))
+    for prompt, output in zip(prompt_keys(), outputs):
+        by_prompt.setdefault(prompt, set()).add(tuple(output["output_ids"]))
     return max(len(seen) for seen in by_prompt.values())
 
 

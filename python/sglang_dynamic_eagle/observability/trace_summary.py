@@ -19,22 +19,23 @@ per prompt-token range: the target's and the draft's GPU time apart.
 from __future__ import annotations
 
 import json
-import lzma
 import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy, ThresholdPolicyConfig
 from sglang_dynamic_eagle.policy.replay import (TraceStep, load_recorded, load_trace, oracle_rate,
-                                                recorded_world, simulate, throughput_policy_for)
+                                                read_trace_text, recorded_world, simulate,
+                                                throughput_policy_for)
 
 BATCH_RANGES: Tuple[Tuple[int, Optional[int]], ...] = ((1, 8), (9, 32), (33, 128), (129, 256), (257, None))
 PREFILL_RANGES: Tuple[Tuple[int, Optional[int]], ...] = ((1, 256), (257, 1024), (1025, 4096), (4097, None))
 REPLAY_WINDOW = 256  # catch-up window of the replay (the server's default)
 
 
-def _range_of(batch: int) -> Tuple[int, str]:
-    index, (low, high) = next((i, r) for i, r in enumerate(BATCH_RANGES) if r[1] is None or batch <= r[1])
+def _range_of(value: int, ranges=BATCH_RANGES) -> Tuple[int, str]:
+    """(index, label) of the range of ``ranges`` that holds ``value``."""
+    index, (low, high) = next((i, r) for i, r in enumerate(ranges) if r[1] is None or value <= r[1])
     return index, f"{low}-{high}" if high is not None else f">= {low}"
 
 
@@ -107,22 +108,21 @@ def prefill_rows(records: Sequence[dict], origin: float,
     """Per prompt-token range, the trace's prefill batches (``prefill`` lines, read at ``origin``
     + the span): batches, median target and draft GPU milliseconds, the draft's total over the
     target's."""
-    groups: Dict[Tuple[int, Optional[int]], List[dict]] = {}
+    groups: Dict[Tuple[int, str], List[dict]] = {}
     for r in records:
         if r.get("k") == "prefill" and (span is None or span[0] <= r["t"] - origin <= span[1]):
-            key = next(x for x in PREFILL_RANGES if x[1] is None or r["tokens"] <= x[1])
-            groups.setdefault(key, []).append(r)
-    return [{"tokens": f"{low}-{high}" if high else f">= {low}", "batches": len(chosen),
+            groups.setdefault(_range_of(r["tokens"], PREFILL_RANGES), []).append(r)
+    return [{"tokens": label, "batches": len(chosen),
              "target_ms": round(statistics.median(r["target_ms"] for r in chosen), 2),
              "draft_ms": round(statistics.median(r["draft_ms"] for r in chosen), 2),
              "draft_share": round(sum(r["draft_ms"] for r in chosen) / max(1e-9, sum(r["target_ms"] for r in chosen)), 3)}
-            for (low, high), chosen in sorted(groups.items())]
+            for (_, label), chosen in sorted(groups.items())]
 
 
 def render(path: Path, windows: int = 1, replay: bool = True,
            span: Optional[Tuple[float, float]] = None) -> str:
     path = Path(path)
-    text = lzma.open(path, "rt").read() if path.suffix == ".xz" else path.read_text()
+    text = read_trace_text(path)
     steps = load_trace(path, text)
     rows = summary_rows(steps, windows, span)
     columns: Sequence[str] = ("window_s", "mode", "batch", "steps", "timed", "median_ms", "tokens_per_s", "predicted",
@@ -130,7 +130,7 @@ def render(path: Path, windows: int = 1, replay: bool = True,
     lines = [f"Decode steps of {path}:", "", "| " + " | ".join(columns) + " |",
              "|" + " --- |" * len(columns)]
     lines += ["| " + " | ".join("-" if row[c] is None else str(row[c]) for c in columns) + " |" for row in rows]
-    prefills = prefill_rows([json.loads(line) for line in text.splitlines() if '"prefill"' in line],
+    prefills = prefill_rows([json.loads(line) for line in text.splitlines() if line.strip()],
                             steps[0].t, span)
     if prefills:
         keys = ("tokens", "batches", "target_ms", "draft_ms", "draft_share")

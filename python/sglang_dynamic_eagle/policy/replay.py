@@ -47,7 +47,7 @@ class TraceStep:
 def load_trace(path: Path, text: Optional[str] = None) -> List[TraceStep]:
     """A server's trace file (or its ``text``): ``step``, ``time``, ``verify`` and ``host`` lines joined by step."""
     by_kind: Dict[str, Dict[int, dict]] = {"step": {}, "time": {}, "verify": {}, "host": {}}
-    for rec in (json.loads(line) for line in (text or _read_text(Path(path))).splitlines() if line.strip()):
+    for rec in (json.loads(line) for line in (text or read_trace_text(Path(path))).splitlines() if line.strip()):
         if rec.get("k") in by_kind:
             by_kind[rec["k"]][rec["step"]] = rec
     times, verifies, hosts = by_kind["time"], by_kind["verify"], by_kind["host"]
@@ -287,7 +287,7 @@ def oracle_rate(world: World, catchup_window: int, catchup_max_tokens: int = 819
     return 1000.0 * float(world.batch.sum()) / best
 
 
-def _read_text(path: Path) -> str:
+def read_trace_text(path: Path) -> str:
     return lzma.open(path, "rt").read() if path.suffix == ".xz" else path.read_text()
 
 
@@ -296,7 +296,7 @@ def load_recorded(trace_path: Path) -> Tuple[List[TraceStep], dict]:
     the trace's last ``config`` line, or a sidecar ``<name>.json`` beside it; without a sidecar's
     ``catchup`` the catch-up cost is fitted from the trace's ``catchup`` lines."""
     trace_path = Path(trace_path)
-    text = _read_text(trace_path)
+    text = read_trace_text(trace_path)
     steps = load_trace(trace_path, text)
     records = [json.loads(line) for line in text.splitlines() if line.strip()]
     sidecar = trace_path.parent / f"{trace_path.name.split('.jsonl')[0]}.json"
