@@ -29,6 +29,16 @@ def test_segment_flags_carry_the_runs_shape():
     assert "--tokenize-prompt" in closed and "--flush-cache" in closed and "--output-details" in closed
 
 
+def test_a_shared_prefix_segment_asks_bench_serving_for_its_groups_instead_of_random_ids():
+    shared = flag_values(["x", *bench.segment_flags(Segment(256, 512, 32, 6.0, range_ratio=0.25, groups=8,
+                                                            prefix_len=2048), "tok", "h", 1, 1, "o")])
+    assert shared["--dataset-name"] == ("generated-shared-prefix",) and not any("--random" in f for f in shared)
+    assert (shared["--gsp-num-groups"], shared["--gsp-prompts-per-group"]) == (("8",), ("4",))
+    assert (shared["--gsp-system-prompt-len"], shared["--gsp-question-len"], shared["--gsp-output-len"]) == (
+        ("2048",), ("256",), ("512",))
+    assert shared["--gsp-range-ratio"] == ("0.25",) and shared["--request-rate"] == ("6.0",)
+
+
 def test_request_stats_rebuild_each_requests_ttft_tpot_and_latency():
     line = bench_line([0.02, 0.5, 0.0], [[0.01] * 9, [], []], errors=["", "", "refused"])
     stats = bench.request_stats(line)

@@ -144,3 +144,24 @@ def test_bench_serving_against_a_stand_in_stamps_the_first_token_only_with_visib
     for ttft, e2e in zip(stats["ttft_s"], stats["e2e_s"]):
         assert (ttft < 0.5 * e2e) == visible
     assert serving.ASYNC_REQUEST_FUNCS["sglang"] is serving.async_request_sglang_generate  # put back
+
+
+def test_a_shared_prompt_workload_sends_each_groups_system_prompt_before_each_question(serving, fake_server,
+                                                                                    tmp_path):
+    """shared-R through bench_serving's generated-shared-prefix dataset: every request starts with
+    one of the segment's system prompts, each group gets its share, and questions and output
+    lengths differ (so the radix cache sees one prefix per group and distinct tails)."""
+    from sweeplib.workloads import workload
+
+    (shared,) = workload("shared-40@0.4")
+    segment = shared.segments[0]
+    assert (segment.groups, segment.prompts) == (8, 16)
+    flags = bench.segment_flags(segment, str(TOKENIZER), "127.0.0.1", fake_server, 3, str(tmp_path / "out.jsonl"))
+    (reply,) = drive([{"flags": flags, "visible_special_tokens": True}])
+    assert reply["ok"], reply["error"]
+    sent = [json.loads(text) for text in (tmp_path / "requests.jsonl").read_text().splitlines()][1:]
+    assert len(sent) == 16 and all(isinstance(request["text"], str) for request in sent)
+    systems = [request["text"].partition("\n\n")[0] for request in sent]
+    assert sorted(systems.count(system) for system in set(systems)) == [2] * 8
+    assert len({request["text"] for request in sent}) == 16
+    assert len({request["sampling_params"]["max_new_tokens"] for request in sent}) > 1

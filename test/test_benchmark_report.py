@@ -115,6 +115,19 @@ def test_mode_counters_show_host_microseconds_per_step_of_each_part():
     assert row["host µs per step: worker / spec step / plain step"] == "100 / 3000 / 2000"
 
 
+def test_a_segment_says_its_shape_and_a_shared_prefix_segment_its_system_prompts():
+    import dataclasses
+    import math
+    from sweeplib.workloads import workload
+
+    def text(name: str) -> str:  # as results.json stores it (an infinite rate as None)
+        segment = dataclasses.asdict(workload(name)[0].segments[0])
+        return report.segment_text({**segment, "rate": segment["rate"] if math.isfinite(segment["rate"]) else None})
+    assert text("shared-4@4") == ("16 prompts of input 256 after one of 8 system prompts of 2048 / output 512 "
+                                  "tokens x [0.25, 1], 4 req/s")
+    assert text("closed-2") == "4 prompts of input 512 / output 256 tokens, all at once, at most 2 at a time"
+
+
 def test_problems_name_failed_runs_and_unequal_kv_pools():
     failed = {**traffic_run("eagle3", "poisson-4", 0.01, [0.01]), "status": "failed", "error": "server died\nx"}
     document = traffic_document([traffic_run("plain", "poisson-4", 0.01, [0.01]), failed])

@@ -33,6 +33,15 @@ def test_poisson_sends_mixed_lengths_for_the_traffic_window():
     assert one("poisson-37.5@6", traffic_s=20).segments[0].prompts == 225  # its own window
 
 
+def test_shared_sends_poisson_requests_after_eight_system_prompts_a_whole_number_of_each():
+    (segment,) = one("shared-6", traffic_s=20).segments
+    assert (segment.rate, segment.prompts, segment.groups, segment.prefix_len) == (6.0, 120, 8, 2048)
+    assert (segment.input_len, segment.output_len, segment.range_ratio, segment.concurrency) == (256, 512, 0.25, None)
+    assert one("shared-5@5").segments[0].prompts == 32  # 25 rounded up to whole groups
+    assert one("shared-0.1").segments[0].prompts == 8  # the floor of poisson-R
+    assert one("poisson-6").segments[0].groups == 0
+
+
 def test_load_step_is_light_traffic_then_two_closed_waves_of_128_then_idle():
     light, step, idle = one("load-step", idle_s=7).segments
     assert (light.rate, light.prompts / light.rate) == (2.0, 15.0)

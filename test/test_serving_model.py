@@ -75,6 +75,32 @@ def test_the_draft_prefill_share_delays_first_tokens() -> None:
     assert ttft[1] == pytest.approx(1.06 * ttft[0])
 
 
+def test_a_shared_system_prompt_is_prefilled_once_and_held_once_in_the_kv_pool() -> None:
+    """shared-R: each group's requests start with its one system prompt; the first request of a
+    group prefills it, the later ones find it cached (prefill only their question), and the pool
+    holds it once: a server whose pool fits the prompts only when shared still admits them all."""
+    workload = one("shared-2@8")
+    client, out = served(workload)
+    requests = client.requests
+    assert len(requests) == 16 and all(r.done_ms is not None for r in requests)
+    groups = {r.prefix for r in requests}
+    assert len(groups) == 8 and all(sum(r.prefix == g for r in requests) == 2 for g in groups)
+    assert all(512 <= r.prefix_len <= 2048 and 64 <= r.input_len - r.prefix_len <= 256 for r in requests)
+    assert len({(r.prefix, r.prefix_len) for r in requests}) == 8  # one length per group
+    first = {g: min((r for r in requests if r.prefix == g), key=lambda r: r.first_ms) for g in groups}
+    assert all(r.cached == (0 if r is first[r.prefix] else r.prefix_len) for r in requests)
+    # The 16 at once: a pool of 1.2x their prompts' tokens with each system prompt once is too small
+    # for the prompts counted whole (~1.8x), and holds them all when shared.
+    burst = (replace(workload.segments[0], rate=math.inf),)
+    sent = sm.Client(burst, "3.0", seed=0).arrivals(0.0)  # the requests the client below will send
+    once = sum(r.input_len - r.prefix_len for r in sent) + sum({r.prefix: r.prefix_len for r in sent}.values())
+    assert len(sent) == 16 and sum(r.input_len for r in sent) > 1.5 * once
+    tight = sm.ServerShape(kv_capacity_tokens=int(once * 1.2), new_token_ratio=0.0, chunk_tokens=10 ** 6)
+    client = sm.Client(burst, "3.0", seed=0)
+    sm.serve(client, lambda obs: DecodeMode.PLAIN, FA3, tight, False, seed=0)
+    assert sum(r.first_ms == client.requests[0].first_ms for r in client.requests) == 16  # one prefill batch
+
+
 # (workload, costs, acceptance): rates from light to overload, acceptance from poor to good, a
 # mixture, a load step; of these rate / acceptance pairs only the load step is a GPU benchmark row.
 CASES = [
@@ -87,6 +113,7 @@ CASES = [
     ("poisson-3@10", FA3, "2.2"),  # light
     ("poisson-14@8~1.3:0.5/4.0:0.5", TRITON, "3.0"),  # half the requests accept poorly
     ("load-step", TRITON, "3.0"),
+    ("shared-30@8", TRITON, "2.2"),  # short prefills after cached system prompts, long contexts to decode
 ]
 
 

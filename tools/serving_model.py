@@ -10,7 +10,9 @@ The server (sglang 0.5.17's scheduler, simplified): each loop runs either one pr
 (waiting requests admitted in arrival order while the running batch is under its cap, the
 prefill under ``chunk_tokens`` and the KV pool holds their prompts plus a reserve of
 ``new_token_ratio`` of their outputs) or one decode step of every running request. A request's
-first token comes with its prefill. Costs (milliseconds, named quantities of the GPU and model):
+first token comes with its prefill. A system prompt shared by a group of requests (``shared-R``)
+is prefilled by the first of them and then found in the prefix cache, and the pool holds it once;
+attention still reads it for every request. Costs (milliseconds, named quantities of the GPU and model):
 
     plain step  = plain_fixed + plain_per_request * b + K * target_kv_bytes / bandwidth
     spec step   = spec_fixed + spec_per_request * b + K * (target + (draft_steps + 1) * draft)
@@ -149,6 +151,9 @@ class Request:
     done_ms: Optional[float] = None
     verifies: int = 0
     accepted: int = 0  # tokens of its verifies (bonus included)
+    prefix: Optional[Tuple[int, int]] = None  # (segment, group) of a shared system prompt
+    prefix_len: int = 0  # its system prompt's tokens (the first of input_len)
+    cached: int = 0  # prompt tokens found in the prefix cache at its prefill
 
 
 def _mixture(text: str) -> Tuple[np.ndarray, np.ndarray]:
@@ -164,8 +169,11 @@ class Client:
     its segments one after another, each after the previous one's last answer and its idle gap;
     Poisson arrivals at a finite rate, all at once at an infinite one, or a closed loop of
     ``concurrency`` requests. Lengths uniform in [range_ratio x max, max], as bench_serving's
-    random dataset; each request's acceptance drawn from ``acceptance`` (a mixture). The
-    ``warmup`` segments go first, unrecorded, as the benchmark warms every server up once."""
+    random dataset; each request's acceptance drawn from ``acceptance`` (a mixture). A segment
+    with ``groups`` (``shared-R``) is bench_serving's generated-shared-prefix dataset: each group
+    one system prompt (its length drawn once), as many requests per group, in random order, each
+    its group's system prompt and then a question of ``input_len``. The ``warmup`` segments go
+    first, unrecorded, as the benchmark warms every server up once."""
 
     def __init__(self, segments, acceptance: str, seed: int, warmup=()) -> None:
         self.rng = np.random.default_rng(seed)
@@ -178,12 +186,19 @@ class Client:
         self.queue: deque = deque()  # (arrival_ms, request) not yet sent
         self.open = 0  # requests of the current segment not yet answered
         self.index = -1
+        self.prefix_lens: Dict[Tuple[int, int], int] = {}
 
     def _request(self, segment, arrival_ms: float) -> Request:
         def length(top: int) -> int:
             return int(self.rng.integers(max(1, int(top * segment.range_ratio)), top + 1))
         acceptance = float(self.rng.choice(self.means, p=self.shares))
         request = Request(arrival_ms, length(segment.input_len), length(segment.output_len), acceptance)
+        if segment.groups:
+            request.prefix = (self.index, self.groups.pop())
+            if request.prefix not in self.prefix_lens:
+                self.prefix_lens[request.prefix] = length(segment.prefix_len)
+            request.prefix_len = self.prefix_lens[request.prefix]
+            request.input_len += request.prefix_len
         self.requests.append(request)
         return request
 
@@ -193,6 +208,9 @@ class Client:
         if segment is None:
             return
         self.segment, self.left, self.open = segment, segment.prompts, segment.prompts
+        if segment.groups:
+            self.groups = list(self.rng.permutation(np.repeat(np.arange(segment.groups),
+                                                              segment.prompts // segment.groups)))
         if segment.concurrency:
             for _ in range(min(segment.concurrency, segment.prompts)):
                 self.queue.append(self._request(segment, now))
@@ -271,6 +289,7 @@ def serve(client: Client, decide: Callable[[StepObservation], DecodeMode], costs
     waiting: deque = deque()
     running: List[Request] = []
     chains: Dict[float, float] = {}
+    prefixes: Dict[Tuple[int, int], int] = {}  # system prompts in the prefix cache: their tokens
     now, plain_run, previous = 0.0, 0, None
     timings: deque = deque()
 
@@ -294,22 +313,29 @@ def serve(client: Client, decide: Callable[[StepObservation], DecodeMode], costs
                 break
             now = client.next_arrival()
             continue
-        kv_used = sum(r.input_len + r.emitted for r in running)
+        # KV pool: each request's own tokens, and each cached system prompt once.
+        kv_used = sum(r.input_len - r.prefix_len + r.emitted for r in running) + sum(prefixes.values())
         reserve = sum(shape.new_token_ratio * (r.output_len - r.emitted) for r in running)
-        batch, tokens = [], 0
-        while (waiting and len(running) + len(batch) < shape.max_running
-               and (not batch or tokens + waiting[0].input_len <= shape.chunk_tokens)):
+        batch, tokens, stored = [], 0, 0
+        while waiting and len(running) + len(batch) < shape.max_running:
             r = waiting[0]
-            need = r.input_len + shape.new_token_ratio * r.output_len
-            if kv_used + reserve + tokens + need > shape.kv_capacity_tokens:
+            r.cached = r.prefix_len if r.prefix in prefixes else 0  # a prefix hit is not prefilled again
+            new_prefix = r.prefix is not None and not r.cached and all(q.prefix != r.prefix for q in batch)
+            own = r.input_len - r.prefix_len + (r.prefix_len if new_prefix else 0)
+            if batch and tokens + r.input_len - r.cached > shape.chunk_tokens:
+                break
+            if kv_used + reserve + stored + own + shape.new_token_ratio * r.output_len > shape.kv_capacity_tokens:
                 break
             batch.append(waiting.popleft())
-            tokens += r.input_len
+            tokens += r.input_len - r.cached
+            stored += own
             reserve += shape.new_token_ratio * r.output_len
         if batch:
             now += jitter(costs.prefill_ms(tokens, speculative_server))
             for r in batch:
                 r.first_ms, r.emitted = now, 1
+                if r.prefix is not None:
+                    prefixes[r.prefix] = r.prefix_len
             running += finish(batch)
             continue
         b, kv = len(running), sum(r.input_len + r.emitted for r in running)

@@ -23,9 +23,13 @@ DETAIL_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", 
 def segment_flags(segment: Segment, tokenizer: str, host: str, port: int, seed: int, output_file: str,
                   extra_args: tuple[str, ...] = ()) -> list[str]:
     """What `python -m sglang.bench_serving` gets for one segment."""
-    flags = ["--backend", "sglang", "--host", host, "--port", str(port), "--dataset-name", "random-ids",
-             "--tokenizer", tokenizer, "--random-input-len", str(segment.input_len),
-             "--random-output-len", str(segment.output_len), "--random-range-ratio", str(segment.range_ratio),
+    shape = (["--dataset-name", "random-ids", "--random-input-len", str(segment.input_len), "--random-output-len",
+              str(segment.output_len), "--random-range-ratio", str(segment.range_ratio)] if not segment.groups else
+             ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(segment.groups),
+              "--gsp-prompts-per-group", str(segment.prompts // segment.groups), "--gsp-system-prompt-len",
+              str(segment.prefix_len), "--gsp-question-len", str(segment.input_len), "--gsp-output-len",
+              str(segment.output_len), "--gsp-range-ratio", str(segment.range_ratio)])
+    flags = ["--backend", "sglang", "--host", host, "--port", str(port), *shape, "--tokenizer", tokenizer,
              "--num-prompts", str(segment.prompts), "--request-rate", str(segment.rate), "--seed", str(seed),
              "--output-file", output_file, "--output-details", "--flush-cache", "--disable-tqdm"]
     return flags + (["--max-concurrency", str(segment.concurrency)] if segment.concurrency is not None else []) + list(

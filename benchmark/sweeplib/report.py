@@ -163,7 +163,8 @@ def segment_text(segment: dict) -> str:
     spread = f" x [{segment['range_ratio']:g}, 1]" if segment["range_ratio"] != 1 else ""
     rate = f"{segment['rate']:g} req/s" if segment["rate"] else "all at once"
     limit = f", at most {segment['concurrency']} at a time" if segment["concurrency"] else ""
-    return (f"{segment['prompts']} prompts of input {segment['input_len']} / output {segment['output_len']} "
+    shared = f" after one of {segment['groups']} system prompts of {segment['prefix_len']}" if segment.get("groups") else ""
+    return (f"{segment['prompts']} prompts of input {segment['input_len']}{shared} / output {segment['output_len']} "
             f"tokens{spread}, {rate}{limit}")
 
 

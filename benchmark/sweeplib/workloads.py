@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 MIXED = dict(input_len=1024, output_len=512, range_ratio=0.25)
 LONG_CONCURRENCIES = (1, 8, 32)
+SHARED_GROUPS = 8  # shared-R: system prompts, each shared by an eighth of the requests
 SEGMENT_OVERHEAD_S = 8.0  # bench_serving's warm-up request, flush and pause, and the last requests' drain
 
 
@@ -23,6 +24,8 @@ class Segment:
     concurrency: int | None = None  # --max-concurrency
     range_ratio: float = 1.0  # --random-range-ratio
     idle_s: float = 0.0
+    groups: int = 0  # > 0: bench_serving's generated-shared-prefix dataset, input_len its question length
+    prefix_len: int = 0  # with groups: each group's system prompt (at most), shared by its requests
 
     def expected_s(self) -> float:
         """A rough duration, for deciding whether a time budget still holds the segment."""
@@ -88,11 +91,13 @@ def workload(name: str, options: Options = Options()) -> list[Workload]:
         input_text, _, output_text = (lengths or "512x256").partition("x")
         c, input_len, output_len = (_number(text, name) for text in (concurrency, input_text, output_text))
         segments = (Segment(input_len, output_len, max(options.min_prompts, options.waves * c), concurrency=c),)
-    elif kind == "poisson" and parameter:
+    elif kind in ("poisson", "shared") and parameter:
         rate_text, _, seconds = parameter.partition("@")
         rate = _number(rate_text, name, float)
-        window_s = _number(seconds, name, float) if seconds else options.traffic_s
-        segments = (Segment(**MIXED, prompts=max(8, round(rate * window_s)), rate=rate),)
+        prompts = max(8, round(rate * (_number(seconds, name, float) if seconds else options.traffic_s)))
+        segments = ((Segment(**MIXED, prompts=prompts, rate=rate),) if kind == "poisson" else
+                    (Segment(256, 512, SHARED_GROUPS * math.ceil(prompts / SHARED_GROUPS), rate, range_ratio=0.25,
+                             groups=SHARED_GROUPS, prefix_len=2048),))
     elif kind == "burst":
         size = _number(parameter, name) if parameter else 64
         segments = tuple(Segment(**MIXED, prompts=size, idle_s=options.idle_s * (i < 2)) for i in range(3))
@@ -105,8 +110,8 @@ def workload(name: str, options: Options = Options()) -> list[Workload]:
     elif name == "warmup":
         segments = (Segment(1024, 64, 32, concurrency=32, range_ratio=0.25),)
     else:
-        raise ValueError(f"unknown workload {name!r}; known: closed-C[@INxOUT], poisson-R[@S], burst[-N], "
-                         "load-step, long-C, long-context, warmup, each optionally ~MIX")
+        raise ValueError(f"unknown workload {name!r}; known: closed-C[@INxOUT], poisson-R[@S], shared-R[@S], "
+                         "burst[-N], load-step, long-C, long-context, warmup, each optionally ~MIX")
     return [Workload(name, segments)]
 
 

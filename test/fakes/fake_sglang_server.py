@@ -6,8 +6,8 @@ after ``ALLOCATE_S``, answers /health once ``READY_S`` have passed, and serves:
 
 * ``/generate``: streamed like sglang (cumulative ``text`` with ``completion_tokens``); as with
   dummy weights under simulated acceptance, the text stays empty until the last chunk unless the
-  request asks for ``skip_special_tokens: false``; every request is appended to ``requests.jsonl``
-  in $FAKE_SERVER_DIR when that is set;
+  request asks for ``skip_special_tokens: false``; every request (its sampling parameters and
+  text) is appended to ``requests.jsonl`` in $FAKE_SERVER_DIR when that is set;
 * ``/server_info`` (with EAGLE3_DYNAMIC's ``dynamic_eagle`` counters for an EAGLE3_DYNAMIC server),
   ``/v1/models`` (the model path), ``/flush_cache``, ``/freeze_gc``.
 
@@ -90,7 +90,7 @@ class Handler(JsonHandler):
             step = STATE["step"]
         if os.environ.get("FAKE_SERVER_DIR"):
             with open(os.path.join(os.environ["FAKE_SERVER_DIR"], "requests.jsonl"), "a") as out:
-                out.write(json.dumps({"port": ARGS.port, "sampling_params": params}) + "\n")
+                out.write(json.dumps({"port": ARGS.port, "sampling_params": params, "text": body.get("text")}) + "\n")
         trace({"k": "step", "step": step, "t": round(time.time(), 4), "mode": "speculative", "b": 1})
         trace({"k": "time", "step": step, "ms": 1.0})
         tokens = int(params.get("max_new_tokens", 16))
