@@ -43,8 +43,9 @@ def eval_set() -> dict:
 def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
     """Plain, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds, and automatic) servers of the tiny
     trained pair, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds) with a tree of topk 4, the
-    catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1) and the
-    sampling tests' (EAGLE3_DYNAMIC whose plain steps sample greedily). Those that the selected
+    catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1), the
+    sampling tests' (EAGLE3_DYNAMIC whose plain steps sample greedily) and the retraction test's
+    (EAGLE3_DYNAMIC whose scheduler retracts requests on purpose). Those that the selected
     tests name in their ``uses_servers`` markers start together before the first of them runs;
     any other starts when a test first uses it."""
     common, draft = tiny_pair_args()
@@ -65,11 +66,15 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
         # Negative control of the sampling tests: its plain steps sample greedily.
         "tiny_dynamic_greedy_plain": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                                *FIXED_THRESHOLD_FLAGS],
+        # The retraction test's: sglang's scheduler retracts a decoding request every third forward.
+        "tiny_dynamic_retract": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
+                                          *FIXED_THRESHOLD_FLAGS],
     }
     env = tiny_pair_server_env()
     server_envs = {
         "tiny_dynamic_window1": {CATCHUP_WINDOW_ENV: "1"},
         "tiny_dynamic_greedy_plain": {"SGLANG_DE_TEST_BREAK_PLAIN_STEP": "greedy"},
+        "tiny_dynamic_retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"},
     }
     servers = LazyServers(specs, env=env, server_envs=server_envs)
     try:

@@ -29,7 +29,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import pytest
 
-from token_comparison import first_difference
+from token_comparison import TOP_LOGPROBS, compare_outputs, first_difference
 
 pytestmark = pytest.mark.gpu
 
@@ -335,3 +335,39 @@ def test_structured_output_is_lossless_across_switches(tiny_servers, eval_set):
     assert not differences
     assert stopped and not violations
 
+
+RETRACTION_LINE = re.compile(r"Testing retraction\. #retracted_reqs: (\d+)")
+
+
+def retracted_requests(server) -> int:
+    """Requests sglang's scheduler retracted on purpose so far (its log lines)."""
+    return sum(int(n) for n in RETRACTION_LINE.findall(server.log_path.read_text(errors="replace")))
+
+
+@pytest.mark.uses_servers("tiny_dynamic_retract", "tiny_plain")
+def test_requests_retracted_in_either_mode_stay_lossless(tiny_servers, eval_set):
+    """sglang retracts decoding requests when the KV pool runs out (a busy server with long
+    outputs) and prefills them again later with what they had generated. With
+    SGLANG_TEST_RETRACT its scheduler retracts one request every third forward whatever the pool
+    holds: in plain stretches, at switches and while speculating. The outputs must equal plain
+    decoding's (float32: a difference only where plain's top-2 margin is below 1e-3). The
+    comparison's own negative control is the configuration suite's (a plain step writing its K/V
+    one slot early fails it)."""
+    prompts = eval_set["prompts"]
+    lengths = mixed_lengths(len(prompts), seed=5)
+    server, plain = tiny_servers["tiny_dynamic_retract"], tiny_servers["tiny_plain"]
+    retracted_before, before = retracted_requests(server), server.dynamic_counters()
+    server.flush_cache()
+    outputs = send_in_waves(server, prompts, lengths)
+    retracted, after = retracted_requests(server) - retracted_before, server.dynamic_counters()
+    plain.flush_cache()
+    expected = [output for start in range(0, len(prompts), WAVE_SIZE)
+                for output in send(plain, prompts[start:start + WAVE_SIZE], lengths[start:start + WAVE_SIZE],
+                                   WAVE_SIZE, top_logprobs_num=TOP_LOGPROBS)]
+    comparison = compare_outputs(outputs, expected, None)
+    switches = [after[key] - before.get(key, 0) for key in ("switches_to_plain", "switches_to_speculative")]
+    print(f"tiny retraction: {len(prompts)} prompts, {retracted} requests retracted, switches {switches}, "
+          f"against plain: {comparison.summary()}")
+    assert retracted >= 20
+    assert min(switches) >= 5
+    assert not comparison.failures
