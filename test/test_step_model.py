@@ -83,7 +83,7 @@ def test_one_unlucky_verify_does_not_set_the_acceptance() -> None:
     with none (1 token) leaves the estimate near the prior; 28 verifies (a probe of 7 steps at 4
     requests) bring it within 0.1 of 1.6. (Taken alone, that first verify read 1.0, and the
     policy left speculation for good on a load where it was 4% better.)"""
-    from sglang_dynamic_eagle.policy.step_model import Acceptance
+    from sglang_dynamic_eagle.policy.acceptance import Acceptance
 
     acceptance = Acceptance(max_acceptance=4.0)
     acceptance.add_verify([0], decode_step=1)
@@ -93,6 +93,36 @@ def test_one_unlucky_verify_does_not_set_the_acceptance() -> None:
         acceptance.add_verify(list((rng.random(4) < 0.6).astype(int)), decode_step=step)
     assert acceptance.server_mean == pytest.approx(1.6, abs=0.15)
 
+
+
+def _lone_request_after_an_unlucky_stretch(own_prior_is_recent: bool) -> float:
+    """Tokens per verify the policy expects of a lone request accepting 2.3 on average whose
+    first 11 verifies drew 15 tokens (a chain of 3 drafts, as the serving model drew on closed
+    loop 1, triton-shaped, half the requests at 2.3 and half at 3.47; its speculation pays above
+    1.6), after 400 verifies of earlier requests at 2.9."""
+    from sglang_dynamic_eagle.policy.acceptance import REQUEST_PRIOR_VERIFIES as K, Acceptance
+
+    class CountedTwice(Acceptance):  # the earlier estimator: a verified request's prior is the recent mean
+        @property
+        def long_run_mean(self):
+            recent, n = self._sums[0]
+            return (recent + K * Acceptance.long_run_mean.fget(self)) / (n + K)
+
+    acceptance = (CountedTwice if own_prior_is_recent else Acceptance)(max_acceptance=4.0)
+    for step in range(1, 401):
+        acceptance.add_verify([2 if step % 10 else 1], decode_step=step)  # 2.9 tokens a verify
+    draws = [0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1]  # 15 tokens over 11 verifies
+    for step, drafts in enumerate(draws, start=2000):
+        acceptance.add_verify([drafts], decode_step=step)
+    return acceptance.batch_tokens(1, [len(draws)], [sum(draws) + len(draws)])
+
+
+def test_a_lone_requests_unlucky_stretch_is_not_counted_twice() -> None:
+    """Shrunk towards the recent server mean, which at one running request is its own last
+    verifies, the request read 1.50 and left speculation for 56 steps (0.967x the better mode
+    over the load); shrunk towards the long-run mean it reads 1.76."""
+    assert _lone_request_after_an_unlucky_stretch(False) >= 1.7
+    assert _lone_request_after_an_unlucky_stretch(True) < 1.6  # the earlier estimator
 
 
 def _after_a_stretch_in_the_other_mode(with_steps: bool) -> float:

@@ -462,13 +462,15 @@ HEADER = ("| workload | output tok/s plain / EAGLE3 / dynamic | dyn / plain | dy
 
 
 def random_cases(n: int, seed: int) -> List[Tuple[str, str, str]]:
-    """``n`` (workload, costs, acceptance) drawn at random: Poisson 1-50 req/s, closed loops of
-    1-192, bursts of 16-200; acceptance 1.2-3.8, or two classes half and half."""
+    """``n`` (workload, costs, acceptance) drawn at random: Poisson 1-50 req/s, Poisson 1-60 req/s
+    behind shared system prompts, closed loops of 1-192, bursts of 16-200; acceptance 1.2-3.8,
+    or two classes half and half."""
     rng = np.random.default_rng(seed)
     cases = []
     for _ in range(n):
-        kind = rng.choice(["poisson", "poisson", "poisson", "closed", "burst"])
+        kind = rng.choice(["poisson", "poisson", "poisson", "shared", "closed", "burst"])
         name = (f"poisson-{rng.uniform(1, 50):.1f}@6" if kind == "poisson" else
+                f"shared-{rng.uniform(1, 60):.1f}@6" if kind == "shared" else
                 f"closed-{rng.choice([1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192])}"
                 if kind == "closed" else f"burst-{rng.choice([16, 64, 128, 200])}")
         if rng.random() < 0.3:

@@ -15,10 +15,8 @@ the draft extend, over the memory bandwidth measured at start-up (the prior), re
 The host, per-request and KV terms are one ridge least-squares fit over every timed step
 (exponential forgetting); a measured bucket adds its own mean residual.
 
-Yield. A plain step yields one token per request. A speculative step yields, per request, its
-acceptance length (bonus included): the request's own mean over its verifies, shrunk towards
-the server-wide mean (the recent mean shrunk towards the long-run mean, that towards the full
-acceptance) by ``REQUEST_PRIOR_VERIFIES`` pseudo-verifies.
+Yield. A plain step yields one token per request; a speculative step, per request, its
+acceptance length (``acceptance.py``).
 
 Catch-up. Entering speculation after plain steps runs the draft over the tokens decoded plainly
 (at most the catch-up window per request): ``fixed + per_token * tokens``, fitted the same way.
@@ -51,16 +49,6 @@ PRIOR_BATCH_SAMPLES, PRIOR_BATCH_SPREAD_REQUESTS = 8.0, 2.0
 # A step over STALL_FACTOR x its prediction is a stall, unless STALL_RUN in a row at one bucket.
 STALL_FACTOR, STALL_RUN = 4.0, 3
 MIN_STEP_MS = 0.05  # the least a step is predicted to take (a fit can extrapolate below 0)
-REQUEST_PRIOR_VERIFIES = 4.0  # verifies after which a request's own acceptance weighs as the mean
-# The recent acceptance mean forgets by 1 - 1/window per decode step (speculative or not):
-# each step verifies the whole batch, so 16 steps hold hundreds of requests' verifies, and a
-# change of task mix shows within a fraction of a second.
-ACCEPTANCE_WINDOW_STEPS = 16
-# The recent mean is shrunk towards the long-run mean (forgetting over this many verify steps:
-# a mostly plain server keeps its evidence), that towards the full acceptance, each by
-# REQUEST_PRIOR_VERIFIES pseudo-verifies: one verify of one request (0 or 1 drafts at a mean of
-# 1.6) cannot set it. The estimate changes at verifies only, not while plain steps run.
-ACCEPTANCE_LONG_RUN_VERIFIES = 1024
 
 
 @dataclass
@@ -294,57 +282,3 @@ class CatchupCost:
         per_token = max(0.0, cov / var)
         fixed = max(0.0, (s.t - per_token * s.k) / s.w)
         return fixed + per_token * tokens
-
-
-class Acceptance:
-    """Acceptance lengths (tokens per verify per request, bonus included)."""
-
-    def __init__(self, max_acceptance: float) -> None:
-        if not max_acceptance >= 1:
-            raise ValueError(f"max_acceptance must be >= 1, got {max_acceptance}")
-        self.max_acceptance = float(max_acceptance)
-        self._keep_recent = 1.0 - 1.0 / ACCEPTANCE_WINDOW_STEPS  # per decode step
-        self._keep_long_run = 1.0 - 1.0 / ACCEPTANCE_LONG_RUN_VERIFIES  # per verify
-        self._sums = [[0.0, 0.0], [0.0, 0.0]]  # (tokens, verified requests): recent, long-run
-        self._last_step = 0
-
-    @property
-    def server_mean(self) -> Optional[float]:
-        """Server-wide mean (each verified request weighs 1 when added): the recent mean shrunk
-        towards the long-run one, that towards the full acceptance; None before the first verify."""
-        (recent, recent_n), (long_run, long_run_n) = self._sums
-        if long_run_n <= 0:
-            return None
-        k = REQUEST_PRIOR_VERIFIES
-        prior = (long_run + k * self.max_acceptance) / (long_run_n + k)
-        return (recent + k * prior) / (recent_n + k)
-
-    def add_verify(self, correct_drafts_per_req: Sequence[int], decode_step: int) -> None:
-        """One verify step's result: accepted drafts per request (the bonus token is added)."""
-        if not correct_drafts_per_req:
-            return
-        count = len(correct_drafts_per_req)
-        tokens = sum(correct_drafts_per_req) + count
-        decays = (self._keep_recent ** max(0, decode_step - self._last_step), self._keep_long_run)
-        for sums, decay in zip(self._sums, decays):
-            sums[0] = sums[0] * decay + tokens
-            sums[1] = sums[1] * decay + count
-        self._last_step = decode_step
-
-    def batch_tokens(self, batch_size: int, verifies: Sequence[int], accepted: Sequence[int],
-                     remaining: Sequence[int] = (), optimistic: bool = False) -> float:
-        """Expected tokens of one speculative step over the batch: each request's own mean
-        shrunk towards the server mean (the full acceptance if ``optimistic`` or unknown), and
-        no more than the tokens the request may still emit."""
-        prior = self.max_acceptance if optimistic or self.server_mean is None else self.server_mean
-        k = REQUEST_PRIOR_VERIFIES
-        if optimistic or not verifies:
-            means = [prior] * batch_size
-        else:
-            top = self.max_acceptance
-            means = [min(top, max(1.0, (a + k * prior) / (n + k)))
-                     for n, a in zip(verifies[:batch_size], accepted[:batch_size])]
-            means += [prior] * (batch_size - len(means))
-        if remaining and (len(remaining) < len(means) or min(remaining) < max(means, default=0.0)):
-            return sum(min(m, max(1, r)) for m, r in zip(means, remaining))
-        return sum(means)  # (also where every request may emit at least its mean)

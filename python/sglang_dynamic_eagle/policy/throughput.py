@@ -36,7 +36,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Deque, Dict, List, Mapping, Optional, Sequence
 
-from sglang_dynamic_eagle.policy.step_model import Acceptance, CatchupCost, ModeCost
+from sglang_dynamic_eagle.policy.acceptance import Acceptance
+from sglang_dynamic_eagle.policy.step_model import CatchupCost, ModeCost
 from sglang_dynamic_eagle.policy.types import (DecodeMode, ReportValue, StepObservation,
                                                check_int_at_least)
 

@@ -1,0 +1,88 @@
+"""What a speculative step yields: acceptance lengths (tokens per verify per request, bonus
+included), estimated from the verifies the worker reports.
+
+A request's expected acceptance is its own mean over its verifies, shrunk by
+``REQUEST_PRIOR_VERIFIES`` pseudo-verifies towards the long-run server mean (itself shrunk
+towards the full acceptance). A request not yet verified gets the server-wide mean: the recent
+mean shrunk towards the long-run one, which follows a change of task mix within steps. A
+verified request is not shrunk towards the recent mean, which holds its own recent verifies (at
+one running request, all of it): counted twice, an unlucky stretch would read as its level.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+REQUEST_PRIOR_VERIFIES = 4.0  # verifies after which a request's own acceptance weighs as the mean
+# The recent acceptance mean forgets by 1 - 1/window per decode step (speculative or not):
+# each step verifies the whole batch, so 16 steps hold hundreds of requests' verifies, and a
+# change of task mix shows within a fraction of a second.
+ACCEPTANCE_WINDOW_STEPS = 16
+# The recent mean is shrunk towards the long-run mean (forgetting over this many verify steps:
+# a mostly plain server keeps its evidence), that towards the full acceptance, each by
+# REQUEST_PRIOR_VERIFIES pseudo-verifies: one verify of one request (0 or 1 drafts at a mean of
+# 1.6) cannot set it. The estimate changes at verifies only, not while plain steps run.
+ACCEPTANCE_LONG_RUN_VERIFIES = 1024
+
+
+class Acceptance:
+    """Acceptance lengths (tokens per verify per request, bonus included)."""
+
+    def __init__(self, max_acceptance: float) -> None:
+        if not max_acceptance >= 1:
+            raise ValueError(f"max_acceptance must be >= 1, got {max_acceptance}")
+        self.max_acceptance = float(max_acceptance)
+        self._keep_recent = 1.0 - 1.0 / ACCEPTANCE_WINDOW_STEPS  # per decode step
+        self._keep_long_run = 1.0 - 1.0 / ACCEPTANCE_LONG_RUN_VERIFIES  # per verify
+        self._sums = [[0.0, 0.0], [0.0, 0.0]]  # (tokens, verified requests): recent, long-run
+        self._last_step = 0
+
+    @property
+    def long_run_mean(self) -> Optional[float]:
+        """The long-run mean shrunk towards the full acceptance; None before the first verify."""
+        long_run, long_run_n = self._sums[1]
+        if long_run_n <= 0:
+            return None
+        return (long_run + REQUEST_PRIOR_VERIFIES * self.max_acceptance) / (long_run_n + REQUEST_PRIOR_VERIFIES)
+
+    @property
+    def server_mean(self) -> Optional[float]:
+        """Server-wide mean (each verified request weighs 1 when added): the recent mean shrunk
+        towards the long-run one, that towards the full acceptance; None before the first verify."""
+        prior = self.long_run_mean
+        if prior is None:
+            return None
+        recent, recent_n = self._sums[0]
+        return (recent + REQUEST_PRIOR_VERIFIES * prior) / (recent_n + REQUEST_PRIOR_VERIFIES)
+
+    def add_verify(self, correct_drafts_per_req: Sequence[int], decode_step: int) -> None:
+        """One verify step's result: accepted drafts per request (the bonus token is added)."""
+        if not correct_drafts_per_req:
+            return
+        count = len(correct_drafts_per_req)
+        tokens = sum(correct_drafts_per_req) + count
+        decays = (self._keep_recent ** max(0, decode_step - self._last_step), self._keep_long_run)
+        for sums, decay in zip(self._sums, decays):
+            sums[0] = sums[0] * decay + tokens
+            sums[1] = sums[1] * decay + count
+        self._last_step = decode_step
+
+    def batch_tokens(self, batch_size: int, verifies: Sequence[int], accepted: Sequence[int],
+                     remaining: Sequence[int] = (), optimistic: bool = False) -> float:
+        """Expected tokens of one speculative step over the batch (module docstring), no more per
+        request than the tokens it may still emit; the full acceptance if ``optimistic`` or
+        nothing was verified yet."""
+        unknown = optimistic or self.server_mean is None
+        prior = self.max_acceptance if unknown else self.server_mean
+        own_prior = self.max_acceptance if unknown else self.long_run_mean
+        k = REQUEST_PRIOR_VERIFIES
+        if optimistic or not verifies:
+            means = [prior] * batch_size
+        else:
+            top = self.max_acceptance
+            means = [min(top, max(1.0, (a + k * own_prior) / (n + k))) if n > 0 else prior
+                     for n, a in zip(verifies[:batch_size], accepted[:batch_size])]
+            means += [prior] * (batch_size - len(means))
+        if remaining and (len(remaining) < len(means) or min(remaining) < max(means, default=0.0)):
+            return sum(min(m, max(1, r)) for m, r in zip(means, remaining))
+        return sum(means)  # (also where every request may emit at least its mean)
