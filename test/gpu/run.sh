@@ -22,7 +22,8 @@ mkdir -p "$OUT"
 # test/gpu/test_dynamic_eagle_configurations.py with -k non_overlap, -k fa3, -k mla_moe or
 # -k flashinfer. The 8B-shaped suite's servers run sglang's own backends (on Hopper fa3, flashinfer
 # sampling, prefill CUDA graphs), the others' pinned triton / pytorch / no prefill graphs;
-# SGLANG_DE_TEST_BACKENDS=sglang or =pinned sets every suite's.
+# SGLANG_DE_TEST_BACKENDS=sglang or =pinned sets every suite's, except the float32 tiny pair's
+# attention (triton always) and the configuration suite's MLA + MoE (pinned) and defaults servers.
 if [ $# -eq 0 ]; then
   set -- test/gpu/test_dynamic_eagle_tiny.py test/gpu/test_tiny_pair.py -k "not tree and not control"
 fi
