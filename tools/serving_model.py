@@ -11,8 +11,8 @@ The server (sglang 0.5.17's scheduler, simplified): each loop runs either one pr
 prefill under ``chunk_tokens`` and the KV pool holds their prompts plus a reserve of
 ``new_token_ratio`` of their outputs) or one decode step of every running request. A request's
 first token comes with its prefill. A system prompt shared by a group of requests (``shared-R``)
-is prefilled by the first of them and then found in the prefix cache, and the pool holds it once;
-attention still reads it for every request. Costs (milliseconds, named quantities of the GPU and model):
+is prefilled by the first of them and then found in the prefix cache (never evicted); the pool
+holds it once while a running request uses it; attention still reads it for every request. Costs (milliseconds, named quantities of the GPU and model):
 
     plain step  = plain_fixed + plain_per_request * b + K * target_kv_bytes / bandwidth
     spec step   = spec_fixed + spec_per_request * b + K * (target + (draft_steps + 1) * draft)
@@ -313,15 +313,17 @@ def serve(client: Client, decide: Callable[[StepObservation], DecodeMode], costs
                 break
             now = client.next_arrival()
             continue
-        # KV pool: each request's own tokens, and each cached system prompt once.
-        kv_used = sum(r.input_len - r.prefix_len + r.emitted for r in running) + sum(prefixes.values())
+        # KV pool: each request's own tokens, and once each system prompt a running request uses
+        # (a cached one that none uses is evictable: free for admission, still a prefix hit).
+        held = {r.prefix: r.prefix_len for r in running if r.prefix is not None}
+        kv_used = sum(r.input_len - r.prefix_len + r.emitted for r in running) + sum(held.values())
         reserve = sum(shape.new_token_ratio * (r.output_len - r.emitted) for r in running)
         batch, tokens, stored = [], 0, 0
         while waiting and len(running) + len(batch) < shape.max_running:
             r = waiting[0]
             r.cached = r.prefix_len if r.prefix in prefixes else 0  # a prefix hit is not prefilled again
-            new_prefix = r.prefix is not None and not r.cached and all(q.prefix != r.prefix for q in batch)
-            own = r.input_len - r.prefix_len + (r.prefix_len if new_prefix else 0)
+            charged = r.prefix is None or r.prefix in held or any(q.prefix == r.prefix for q in batch)
+            own = r.input_len - (r.prefix_len if charged else 0)
             if batch and tokens + r.input_len - r.cached > shape.chunk_tokens:
                 break
             if kv_used + reserve + stored + own + shape.new_token_ratio * r.output_len > shape.kv_capacity_tokens:
