@@ -125,6 +125,21 @@ def test_the_8b_suite_runs_sglangs_backends_unless_told_pinned(monkeypatch):
     assert target[-len(gpu_servers.COMMON_SERVER_ARGS):] == gpu_servers.COMMON_SERVER_ARGS
 
 
+def test_the_tiny_suites_run_sglangs_backends_unless_told_pinned(monkeypatch):
+    """The tiny-pair suite, its checks and the sampling tests (the conftest's servers) run
+    sglang's sampling and prefill graphs with triton attention (float32); the soak and the
+    acceptance-mixture tests, which call tiny_pair_args() without it, stay pinned."""
+    monkeypatch.delenv(gpu_servers.BACKENDS_ENV, raising=False)
+    target, _ = gpu_servers.tiny_pair_args(backends="sglang")
+    assert "--sampling-backend" not in target and "--disable-prefill-cuda-graph" not in target
+    assert target[target.index("--attention-backend") + 1] == "triton"
+    assert "--disable-prefill-cuda-graph" in gpu_servers.tiny_pair_args()[0]
+    conftest = (Path(__file__).resolve().parent / "gpu" / "conftest.py").read_text()
+    assert 'tiny_pair_args(backends="sglang")' in conftest
+    monkeypatch.setenv(gpu_servers.BACKENDS_ENV, "pinned")
+    assert "--disable-prefill-cuda-graph" in gpu_servers.tiny_pair_args(backends="sglang")[0]
+
+
 class _PassServer:
     """A server whose passes are recorded: each pass of the reference returns its own outputs,
     and every pass must come after a flush of the radix cache."""

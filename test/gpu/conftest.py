@@ -48,7 +48,7 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
     (EAGLE3_DYNAMIC whose scheduler retracts requests on purpose). Those that the selected
     tests name in their ``uses_servers`` markers start together before the first of them runs;
     any other starts when a test first uses it."""
-    common, draft = tiny_pair_args()
+    common, draft = tiny_pair_args(backends="sglang")
     common = common + TINY_MEMORY_ARGS
     tree_draft = ["--speculative-draft-model-path", str(TINY_PAIR / "draft"), *TREE_SHAPE]
     specs = {

@@ -80,8 +80,9 @@ BACKEND_FLAGS = {"--attention-backend": 1, "--sampling-backend": 1, "--disable-p
 # Which backends the suites' servers run: "pinned" (COMMON_SERVER_ARGS) or "sglang" (sglang's own
 # choices: on Hopper fa3 attention, flashinfer sampling, prefill CUDA graphs; the float32 tiny pair
 # keeps triton attention, fa3 has no float32). Without the variable, a suite's own default: sglang's
-# for the 8B-shaped suite (it passed with them on an H200, 2026-12-05), pinned for the others until
-# they have run with sglang's.
+# for the 8B-shaped suite (it passed with them on an H200, 2026-12-05) and for the tiny-pair suite,
+# the tiny pair's checks and the sampling tests (all passed with them on an H100, 2026-12-05);
+# pinned for the others (configurations, soak, acceptance mixtures) until they have run with sglang's.
 BACKENDS_ENV = "SGLANG_DE_TEST_BACKENDS"
 
 
@@ -318,12 +319,13 @@ def eagle3_args(draft_path: Path, *, dummy: bool) -> List[str]:
     return args
 
 
-def tiny_pair_args(pair: Path = TINY_PAIR) -> Tuple[List[str], List[str]]:
+def tiny_pair_args(pair: Path = TINY_PAIR, backends: str = "pinned") -> Tuple[List[str], List[str]]:
     """Server arguments of a tiny trained target (the committed pair unless ``pair`` names
     another folder written by models/train_tiny_pair.py), and of its EAGLE-3 draft (chain
-    3/1/4)."""
+    3/1/4); ``backends``: the default of ``backend_args``."""
     target = ["--model-path", str(pair / "target"), "--dtype", TINY_PAIR_DTYPE,
-              *backend_args(float32=TINY_PAIR_DTYPE == "float32"), "--cuda-graph-max-bs-decode", "32"]
+              *backend_args(float32=TINY_PAIR_DTYPE == "float32", default=backends),
+              "--cuda-graph-max-bs-decode", "32"]
     return target, eagle3_args(pair / "draft", dummy=False)
 
 

@@ -20,8 +20,8 @@ mkdir -p "$OUT"
 # with -k negative_control, the rest with -k "not negative_control"), the README's tiny-pair
 # demo test/gpu/test_quickstart_demo.py with the quickstart test/gpu/test_readme_quickstart.py, the soak test/gpu/test_soak.py, and
 # test/gpu/test_dynamic_eagle_configurations.py with -k non_overlap, -k fa3, -k mla_moe or
-# -k flashinfer. The 8B-shaped suite's servers run sglang's own backends (on Hopper fa3, flashinfer
-# sampling, prefill CUDA graphs), the others' pinned triton / pytorch / no prefill graphs;
+# -k flashinfer. The 8B-shaped and tiny-pair suites' servers run sglang's own backends (on Hopper fa3,
+# flashinfer sampling, prefill CUDA graphs), the others' pinned triton / pytorch / no prefill graphs;
 # SGLANG_DE_TEST_BACKENDS=sglang or =pinned sets every suite's, except the float32 tiny pair's
 # attention (triton always) and the configuration suite's MLA + MoE (pinned) and defaults servers.
 if [ $# -eq 0 ]; then
