@@ -53,7 +53,7 @@ def group_commands(plan: argparse.Namespace, group: tuple[str, ...]) -> list[tup
         memory = configs.memory_flags(index, len(group), plan.max_total_tokens or SHARED_GPU_MAX_TOTAL_TOKENS) if len(
             group) > 1 else ("--max-total-tokens", str(plan.max_total_tokens)) if plan.max_total_tokens else ()
         setup = dataclasses.replace(plan.setup, port=port, common_args=configs.set_flags(plan.setup.common_args, memory))
-        trace = {TRACE_ENV: str(plan.out_dir / f"{name}_trace.jsonl")} if configs.is_dynamic(name) and plan.trace else {}
+        trace = {TRACE_ENV: str(plan.out_dir / f"{name}_trace.jsonl")} if name in configs.DYNAMIC_CONFIGS and plan.trace else {}
         result.append((name, port, configs.server_command(name, setup), {**plan.server_env, **trace}))
     return result
 
@@ -213,7 +213,7 @@ def command_run(args: argparse.Namespace) -> int:
                     for name, running in served.items():
                         server.stop_server(running)
                         tails[name] = server.log_tail(running.log_path, args.log_tail_lines)
-                        if configs.is_dynamic(name) and plan.trace:
+                        if name in configs.DYNAMIC_CONFIGS and plan.trace:
                             results.split_trace(plan.out_dir / f"{name}_trace.jsonl", [
                                 r for r in document["runs"] if r["config"] == name], plan.out_dir, f"trace_{name}_")
         finally:

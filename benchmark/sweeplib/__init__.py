@@ -1,1 +1,0 @@
-"""Library behind benchmark/run.py (the standard library only; sglang in the bench driver and the paired schedule)."""

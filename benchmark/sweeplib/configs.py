@@ -12,6 +12,7 @@ from pathlib import Path
 
 PLAIN, EAGLE3, ADAPTIVE, DYNAMIC, DYNAMIC_FIXED = "plain", "eagle3", "adaptive", "dynamic", "dynamic-fixed"
 CONFIG_NAMES: tuple[str, ...] = (PLAIN, EAGLE3, ADAPTIVE, DYNAMIC, DYNAMIC_FIXED)
+DYNAMIC_CONFIGS = (DYNAMIC, DYNAMIC_FIXED)  # the EAGLE3_DYNAMIC servers
 # EAGLE3_DYNAMIC with the fixed thresholds it shipped with before automatic switching.
 FIXED_THRESHOLD_ARGS = ("--speculative-disable-batch-threshold", "24", "--speculative-enable-batch-threshold", "16",
                         "--speculative-switch-patience", "4")
@@ -40,10 +41,6 @@ class ServerSetup:
     python: str = sys.executable
 
 
-def is_dynamic(config: str) -> bool:
-    return config in (DYNAMIC, DYNAMIC_FIXED)
-
-
 def server_command(config: str, setup: ServerSetup) -> list[str]:
     """The base command (the same for every configuration), then the flags that distinguish
     `config` from plain decoding."""
@@ -54,7 +51,7 @@ def server_command(config: str, setup: ServerSetup) -> list[str]:
     command += (["--load-format", setup.load_format] if setup.load_format else []) + list(setup.common_args)
     if config == PLAIN:
         return command
-    algorithm = "EAGLE3_DYNAMIC" if is_dynamic(config) else "EAGLE3"
+    algorithm = "EAGLE3_DYNAMIC" if config in DYNAMIC_CONFIGS else "EAGLE3"
     if not setup.draft_model_path:
         raise ValueError(f"--speculative-algorithm {algorithm} needs a draft model path")
     steps, topk, draft_tokens = setup.spec_shape

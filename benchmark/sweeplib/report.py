@@ -41,7 +41,7 @@ def ordered_rows(keys) -> list:
 def metric_grid(document: dict, metric: str) -> dict:
     """{row: {config: mean over the successful runs that have the metric}}, rows in order."""
     values: dict = {}
-    for run in results.successful_runs(document):
+    for run in (run for run in document["runs"] if run["status"] == results.RUN_OK):
         if run["metrics"].get(metric) is not None:
             values.setdefault(row_key(run), {}).setdefault(run["config"], []).append(float(run["metrics"][metric]))
     return {key: {config: statistics.fmean(v) for config, v in values[key].items()} for key in ordered_rows(values)}
@@ -206,7 +206,7 @@ def grid_markdown(document: dict) -> str:
                            "catch-up tokens", "accept length in spec steps (this run)",
                            "mean accept length (server lifetime)", "counters reset",
                            "host µs per step: worker / spec step / plain step"],
-                          map(mode_counter_row, results.successful_runs(document)),
+                          (mode_counter_row(r) for r in document["runs"] if r["status"] == results.RUN_OK),
                           "No run reported EAGLE3_DYNAMIC mode counters (`dynamic_eagle` in /server_info).")],
         *([f"## Round by round: {DYNAMIC} against {baseline}", "", *paired.pair_table(paired.round_pairs(
             document["runs"], baseline, DYNAMIC), baseline, DYNAMIC, "workload")]

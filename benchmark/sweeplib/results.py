@@ -77,10 +77,6 @@ def load_results(path: Path) -> dict:
     return document
 
 
-def successful_runs(document: dict) -> list[dict]:
-    return [run for run in document["runs"] if run["status"] == RUN_OK]
-
-
 def file_safe(name: str) -> str:  # a workload name in a file name (``~1.3:0.5/4.0:0.5``: no ``/``)
     return re.sub(r"[^\w.-]", "_", name)
 

@@ -68,10 +68,6 @@ def http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
         return 0, b""
 
 
-def healthy(server: RunningServer) -> bool:
-    return http_get(server.base_url + "/health", timeout_s=5.0)[0] == 200
-
-
 def _wait(server: RunningServer, ready, goal: str, timeout_s: float, tail_lines: int) -> float:
     """Seconds until ``ready()``; ServerError with the log tail if the server exits or time runs out."""
     started = time.monotonic()
@@ -89,7 +85,7 @@ def _wait(server: RunningServer, ready, goal: str, timeout_s: float, tail_lines:
 
 def wait_until_healthy(server: RunningServer, timeout_s: float, tail_lines: int) -> float:
     """Until /health answers 200 (sglang answers 503 until its own warm-up request is done)."""
-    return _wait(server, lambda: healthy(server), "healthy", timeout_s, tail_lines)
+    return _wait(server, lambda: http_get(server.base_url + "/health", 5.0)[0] == 200, "healthy", timeout_s, tail_lines)
 
 
 def wait_until_kv_allocated(server: RunningServer, pools: int, timeout_s: float, tail_lines: int) -> float:
@@ -98,7 +94,7 @@ def wait_until_kv_allocated(server: RunningServer, pools: int, timeout_s: float,
     healthy: a next server on the GPU then sizes its pool from what is left."""
     def ready() -> bool:
         log = server.log_path.read_text(errors="replace") if server.log_path.exists() else ""
-        return log.count(KV_ALLOCATED) >= pools or healthy(server)
+        return log.count(KV_ALLOCATED) >= pools or http_get(server.base_url + "/health", 5.0)[0] == 200
 
     return _wait(server, ready, "done allocating its KV cache", timeout_s, tail_lines)
 
