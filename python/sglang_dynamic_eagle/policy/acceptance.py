@@ -74,9 +74,9 @@ class Acceptance:
         """Expected tokens of one speculative step over the batch (module docstring), no more per
         request than the tokens it may still emit; the full acceptance if ``optimistic`` or
         nothing was verified yet."""
-        unknown = optimistic or self.server_mean is None
-        prior = self.max_acceptance if unknown else self.server_mean
-        own_prior = self.max_acceptance if unknown else self.long_run_mean
+        server_mean = None if optimistic else self.server_mean
+        prior = self.max_acceptance if server_mean is None else server_mean
+        own_prior = self.max_acceptance if server_mean is None else self.long_run_mean
         k = REQUEST_PRIOR_VERIFIES
         if optimistic or not verifies:
             means = [prior] * batch_size
