@@ -17,6 +17,7 @@ from sglang_dynamic_eagle.engine.observations import PolicyFeed
 from sglang_dynamic_eagle.observability.trace import TracedFeed, TracedPolicy
 from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy
 from sglang_dynamic_eagle.policy.throughput import ThroughputPolicy
+from sglang_dynamic_eagle.sglang_compat.startup_errors import StartupError
 
 PLAIN, SPEC = DecodeMode.PLAIN, DecodeMode.SPECULATIVE
 PLAIN_BS = [1, 2, 4, 8, 16, 32, 64]
@@ -193,3 +194,37 @@ def test_the_worker_takes_every_part_once_its_graphs_are_captured(monkeypatch, t
         worker.prefill_timer.sink(290, 13.4, 3.6)
         line = json.loads(path.read_text().splitlines()[-1])
         assert (line["k"], line["tokens"], line["target_ms"], line["draft_ms"]) == ("prefill", 290, 13.4, 3.6)
+
+
+@pytest.mark.parametrize("part, names", [
+    ("DraftCatchup", ("the draft catch-up stash (1024 MiB)", "SGLANG_DYNAMIC_EAGLE_CATCHUP_MIB")),
+    ("PlainDecodeGraphs", ("the plain-decode CUDA graphs", "--cuda-graph-max-bs-decode")),
+])
+def test_out_of_gpu_memory_at_start_up_is_one_line_naming_the_fix(measured, monkeypatch, part,
+                                                                   names) -> None:
+    """What the worker allocates after sglang's memory plan (the catch-up stash, the plain
+    graphs) running out of memory is refused in one line naming the flags that make room."""
+    monkeypatch.setattr(startup, "check_cuda_graph_backend", lambda phase, backend: False)
+    monkeypatch.setattr(startup, "plain_decode_batch_sizes", lambda server_args: PLAIN_BS)
+    monkeypatch.setattr(startup, "PlainDecodeGraphs", lambda runner, capture_bs: plain_graphs(capture_bs))
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1024.00 MiB.")
+
+    monkeypatch.setattr(startup, part, out_of_memory)
+    with pytest.raises(StartupError) as refused:
+        startup.build_decode_parts(fake_worker(), Config())
+    message = str(refused.value)
+    assert "\n" not in message and "--mem-fraction-static" in message
+    assert all(name in message for name in names), message
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__
+
+
+def test_other_start_up_errors_pass_through(measured, monkeypatch) -> None:
+    """Negative control: only running out of memory is turned into the refusal."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("not a memory error")
+
+    monkeypatch.setattr(startup, "DraftCatchup", broken)
+    with pytest.raises(RuntimeError, match="not a memory error"):
+        startup.build_decode_parts(fake_worker(), Config())

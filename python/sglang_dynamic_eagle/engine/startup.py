@@ -8,14 +8,15 @@ identical on every tensor-parallel rank (the slowest rank's).
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import torch
 from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
 from sglang.srt.speculative.eagle_utils import get_draft_input_from_target_hidden_dim
 
-from sglang_dynamic_eagle.config import Config
+from sglang_dynamic_eagle.config import CATCHUP_BUDGET_ENV, Config
 from sglang_dynamic_eagle.engine.draft_catchup import (
     MAX_CATCHUP_TOKENS,
     DraftCatchup,
@@ -42,6 +43,7 @@ from sglang_dynamic_eagle.policy import (
     ThresholdPolicyConfig,
 )
 from sglang_dynamic_eagle.policy.throughput import ThroughputPolicyConfig, new_throughput_policy
+from sglang_dynamic_eagle.sglang_compat.startup_errors import StartupError
 
 logger = logging.getLogger(__name__)
 MODES = (DecodeMode.PLAIN, DecodeMode.SPECULATIVE)
@@ -61,10 +63,15 @@ def build_decode_parts(worker, config: Config) -> DecodeParts:
     """Everything ``worker`` (an ``EAGLEWorkerV2`` whose graphs are captured) needs besides
     sglang's own speculative step."""
     target_runner = worker._target_worker.model_runner
-    catchup = new_catchup(worker, config)
+    with refused_if_out_of_memory(
+            f"the draft catch-up stash ({config.catchup_budget_mib} MiB)",
+            f"or set {CATCHUP_BUDGET_ENV} lower (the catch-up then redoes fewer positions)"):
+        catchup = new_catchup(worker, config)
     graphs_enabled = not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
-    plain_graphs = PlainDecodeGraphs(
-        target_runner, plain_decode_batch_sizes(worker.server_args) if graphs_enabled else None)
+    with refused_if_out_of_memory("the plain-decode CUDA graphs",
+                                  "or lower --cuda-graph-max-bs-decode"):
+        plain_graphs = PlainDecodeGraphs(
+            target_runner, plain_decode_batch_sizes(worker.server_args) if graphs_enabled else None)
     plain_step = PlainDecodeStep(worker._target_worker, worker._draft_worker.draft_runner,
                                  worker.topk, plain_graphs, catchup)
     max_speculative_batch = speculative_graph_max_bs(worker, config)
@@ -121,6 +128,23 @@ def speculative_graph_max_bs(worker, config: Config) -> int:
         return min(captured)
     decode = worker.server_args.cuda_graph_config.decode
     return config.speculative_graph_max_bs(decode.max_bs or max(decode.bs))
+
+
+@contextmanager
+def refused_if_out_of_memory(what: str, other_fix: str) -> Iterator[None]:
+    """GPU memory running out while building ``what`` becomes a one-line StartupError. These
+    parts are allocated after sglang has sized its KV pool and captured its graphs, from the
+    memory its ``--mem-fraction-static`` leaves to activations: with several servers on one
+    GPU, or a fraction tuned for EAGLE3 alone, that can be too little."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        free = (f" ({torch.cuda.mem_get_info()[0] / 2**20:.0f} MiB free)"
+                if torch.cuda.is_available() else "")
+        raise StartupError(
+            f"EAGLE3_DYNAMIC: out of GPU memory allocating {what} after sglang's KV pool and "
+            f"CUDA graphs{free}; lower --mem-fraction-static or --max-total-tokens, "
+            f"{other_fix}") from None
 
 
 def new_catchup(worker, config: Config) -> DraftCatchup:
