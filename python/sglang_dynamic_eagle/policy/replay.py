@@ -3,7 +3,8 @@
 A trace (``SGLANG_DYNAMIC_EAGLE_TRACE=<file>``, see ``observability.trace``) is the decode
 steps a server ran: batch, KV tokens, queue, mode, measured time, verified tokens. A
 :class:`World` costs every step in both modes: a least-squares fit of each mode's timed steps
-(a base per CUDA-graph bucket, a cost per request and per KV token; stalls left out), never
+(a base per CUDA-graph bucket, a cost per request and per KV token; stalls left out; timed at
+too few buckets: the start-up timings shifted by the median residual, slopes at priors), never
 below the graph's start-up timing plus the KV at the bandwidth prior, times the mode's
 measured / fitted ratio over its nearest timed steps at the same bucket; speculative tokens
 from the nearest verifies. The batch sequence is taken as given (the same approximation for
@@ -29,6 +30,7 @@ from sglang_dynamic_eagle.policy.types import DecodeMode, StepObservation
 FEEDBACK_LAG_STEPS = 16  # the worker all-reduces timings of steps [s - 16, s - 8) at step s
 LOCAL_STEPS = 16  # steps of a bucket whose measured / fitted ratio corrects a mode's fit
 MIN_FITTED_MS = 0.05  # a fit extrapolated below this (or below 0) costs this
+MIN_FIT_BUCKETS = 3  # buckets a mode's timed steps must span for its slopes to be fitted
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,7 @@ def _robust_fit(points, min_samples: int = 4, stall_factor: float = 4.0):
     base, per_request, per_kv = _fit(points)
     kept = [p for p in points if p[3] <= stall_factor * (base[p[0]] + per_request * p[1]
                                                           + per_kv * p[2])]
-    counts: Dict[int, int] = {}
-    for p in kept:
-        counts[p[0]] = counts.get(p[0], 0) + 1
+    counts = {b: sum(p[0] == b for p in kept) for b in {p[0] for p in kept}}
     kept = [p for p in kept if counts[p[0]] >= min_samples] or kept
     return _fit(kept)
 
@@ -136,6 +136,11 @@ class World:
             if not points:
                 raise ValueError(f"the trace has no timed {mode.value} step")
             fits[mode] = _robust_fit(points)
+            calibrated, kv_prior = (priors or {}).get(mode, ({}, 0.0))
+            if calibrated and len(fits[mode][0]) < MIN_FIT_BUCKETS:  # slopes not identified
+                shift = float(np.median([ms - kv_prior * kv - calibrated[min(
+                    _bucket(sorted(calibrated), b), max(calibrated))] for _, b, kv, ms in points]))
+                fits[mode] = ({g: t + shift for g, t in calibrated.items()}, 0.0, kv_prior)
 
         def fitted(mode: DecodeMode, s: TraceStep) -> float:
             base, per_request, per_kv = fits[mode]  # unmeasured bucket: the nearest measured base
@@ -240,13 +245,11 @@ def simulate(policy, world: World, catchup_window: int, catchup_max_tokens: int 
                 drafts, carry = accepted_drafts_per_request(step_tokens, b, carry)
                 policy.add_verify(drafts)
         else:
-            step_ms, step_tokens = world.plain_ms[i], float(b)
-            served_ms = step_ms
+            step_ms, step_tokens, served_ms = world.plain_ms[i], float(b), world.plain_ms[i]
             plain_run += 1
         ms += float(served_ms)
         tokens += float(b)
-        step_index = getattr(policy, "step", i + 1)
-        pending.append((i, step_index, mode, b, kv, float(step_ms)))
+        pending.append((i, getattr(policy, "step", i + 1), mode, b, kv, float(step_ms)))
         while pending and pending[0][0] <= i - feedback_lag:
             _, index, m, pb, pkv, pms = pending.pop(0)
             if hasattr(policy, "add_step_time"):
@@ -266,8 +269,7 @@ def accepted_drafts_per_request(tokens: float, batch: int, carry: float = 0.0) -
 
 def oracle_rate(world: World, catchup_window: int, catchup_max_tokens: int = 8192) -> float:
     """The best achievable tokens per second over ``world``, catch-ups included: dynamic
-    programming over (mode, plain-run length) of the total time, each step served as in
-    :func:`simulate`."""
+    programming over (mode, plain-run length) of the total time, steps served as in simulate."""
     runs = np.arange(catchup_window + 1)  # plain steps since the last speculative one (capped)
     spec = 0.0  # least time so far, ending in a speculative step
     plain = np.full(catchup_window + 1, np.inf)  # ... ending in a plain run of length r
@@ -334,10 +336,8 @@ def throughput_policy_for(meta: dict, per_kv_token_scale: float = 1.0):
 
     calibration = {DecodeMode(mode): {int(b): ms for b, ms in table.items()}
                    for mode, table in meta["calibration"].items()}
-    if "buckets" in meta:
-        buckets = {DecodeMode(mode): list(b) for mode, b in meta["buckets"].items()}
-    else:
-        buckets = {mode: sorted(table) for mode, table in calibration.items()}
+    buckets = ({DecodeMode(mode): list(b) for mode, b in meta["buckets"].items()} if "buckets" in meta
+               else {mode: sorted(table) for mode, table in calibration.items()})
     per_kv = {DecodeMode(m): per_kv_token_scale * v for m, v in meta["per_kv_token_ms"].items()}
     config = ThroughputPolicyConfig(**{
         name: meta[name] for name in ("max_speculative_batch", "max_running_requests",
