@@ -75,6 +75,8 @@ def start_group(plan: argparse.Namespace, group: tuple[str, ...], document: dict
     launched, record = {}, document["configs"]
 
     def failed(name: str, error: server.ServerError) -> None:  # recorded and stopped (no GPU memory held)
+        if len(group) > 1 and re.search(r"out of (GPU )?memory|OutOfMemoryError", str(error), re.I):
+            error = type(error)(f"{error}\n[{name}] out of GPU memory beside other servers: try --schedule sequential")
         record[name].update(status="failed_to_start", error=str(error))
         if name in served:
             server.stop_server(served[name])

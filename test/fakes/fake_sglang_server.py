@@ -11,7 +11,8 @@ after ``ALLOCATE_S``, answers /health once ``READY_S`` have passed, and serves:
 * ``/server_info`` (with EAGLE3_DYNAMIC's ``dynamic_eagle`` counters for an EAGLE3_DYNAMIC server),
   ``/v1/models`` (the model path), ``/flush_cache``, ``/freeze_gc``.
 
-The server on port $FAKE_CRASH_PORT exits at start, as a server whose graph capture crashed.
+The server on port $FAKE_CRASH_PORT exits at start, as a server whose graph capture crashed
+(with $FAKE_CRASH_MESSAGE as its last words, if set).
 
 An EAGLE3_DYNAMIC server appends two decode-step trace lines per request to
 $SGLANG_DYNAMIC_EAGLE_TRACE, as the plugin does: a step line with its time ``t`` and a time line.
@@ -112,7 +113,8 @@ def main() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print(f"fake server {ARGS.speculative_algorithm or 'plain'} started at {time.time():.4f}", flush=True)
     if str(ARGS.port) == os.environ.get("FAKE_CRASH_PORT"):
-        raise SystemExit("fake server: crashed while capturing CUDA graphs (FAKE_CRASH_PORT)")
+        raise SystemExit(os.environ.get("FAKE_CRASH_MESSAGE",
+                                        "fake server: crashed while capturing CUDA graphs (FAKE_CRASH_PORT)"))
     if os.environ.get("SGLANG_DE_TEST_ACCEPTANCE_MIX_FILE") and not os.environ.get("FAKE_WITHOUT_MIX_PLUGIN"):
         print("SGLANG_DE_TEST_ACCEPTANCE_MIX_FILE=...: simulated acceptance differs by request", flush=True)
     time.sleep(ALLOCATE_S)
