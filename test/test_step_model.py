@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sglang_dynamic_eagle.policy.step_model import ModeCost
+from sglang_dynamic_eagle.policy import step_model
+from sglang_dynamic_eagle.policy.step_model import CatchupCost, ModeCost
 
 BUCKETS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128]
 KV_PRIOR_MS = 131072 / 4e9  # 8B-shaped target: KV bytes per token over 4 TB/s
@@ -142,3 +143,40 @@ def test_a_probe_after_a_stretch_in_the_other_mode_outweighs_old_steps() -> None
     decoded plainly, and a probe's steps were outweighed by 64 old ones)."""
     assert abs(_after_a_stretch_in_the_other_mode(True)) <= 0.15
     assert _after_a_stretch_in_the_other_mode(False) > 0.2  # forgetting by samples: stale
+
+
+# Catch-ups of an H100 server (fa3, 2026-12-05, acceptance 1.6): the first one (JIT, not counted),
+# five of 1-8 tokens near 0.6 ms, then one of 288 tokens in about 50 ms (a compile at a new shape;
+# 9,880 tokens later took 22 ms over many catch-ups).
+WARM_CATCHUPS = [(1, 4.9), (1, 0.58), (2, 0.59), (4, 0.6), (6, 0.6), (8, 0.61)]
+
+
+@pytest.mark.parametrize("stall_factor", [step_model.STALL_FACTOR, float("inf")])
+def test_one_catch_up_that_compiles_does_not_set_the_switch_cost(monkeypatch, stall_factor) -> None:
+    """Left in the fit, that one catch-up made the next switch to speculation at 64 requests cost
+    8,192 tokens x 0.17 ms (1.4 s of predicted loss to pay first): the server decoded plainly on
+    769 of 770 steps where it predicted speculation 27% faster. As a stall it is left out; the
+    negative control (no stall rule) shows the blow-up."""
+    monkeypatch.setattr(step_model, "STALL_FACTOR", stall_factor)
+    cost = CatchupCost(prior_fixed_ms=8.4)
+    for tokens, ms in WARM_CATCHUPS:
+        cost.add(tokens, ms)
+    before = cost.predict(8192)
+    cost.add(288, 49.6)
+    if stall_factor == float("inf"):
+        assert cost.predict(8192) > 1000.0 > 30 * before
+    else:
+        assert cost.predict(8192) == before
+
+
+def test_catch_ups_that_keep_costing_more_are_a_cost() -> None:
+    """STALL_RUN costly catch-ups in a row are what catch-ups cost now, not stalls."""
+    cost = CatchupCost(prior_fixed_ms=8.4)
+    for tokens, ms in WARM_CATCHUPS:
+        cost.add(tokens, ms)
+    before = cost.predict(300)
+    for _ in range(step_model.STALL_RUN - 1):
+        cost.add(300, 12.0)
+    assert cost.predict(300) == before  # stalls so far
+    cost.add(300, 12.0)
+    assert cost.predict(300) > 2 * before

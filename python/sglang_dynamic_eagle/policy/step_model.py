@@ -19,7 +19,8 @@ Yield. A plain step yields one token per request; a speculative step, per reques
 acceptance length (``acceptance.py``).
 
 Catch-up. Entering speculation after plain steps runs the draft over the tokens decoded plainly
-(at most the catch-up window per request): ``fixed + per_token * tokens``, fitted the same way.
+(at most the catch-up window per request): ``fixed + per_token * tokens``, fitted the same way,
+stalls (a compile at a new shape) left out as for steps.
 """
 
 from __future__ import annotations
@@ -255,8 +256,11 @@ class CatchupCost:
     A catch-up is one eager draft EXTEND forward: its launches cost about as much as a
     speculative step's at batch 1 (``prior_fixed_ms``, the start-up replay time), and a token
     little (one draft layer). The first catch-up of a server JIT-compiles its kernels (30 ms on
-    an H200 against 1-6 ms after) and is not counted. Until ``MIN_BUCKET_SAMPLES`` catch-ups
-    were timed the prediction is their mean, whatever the tokens.
+    an H200 against 1-6 ms after) and is not counted; a later one at a shape not seen before can
+    compile again (an H100, 2026-12-05: 288 tokens in about 50 ms where 11,968 later took 0.22 ms
+    per 100), so once the fit is warm a catch-up over ``STALL_FACTOR`` times its prediction is a
+    stall, as for steps, unless ``STALL_RUN`` come in a row. Until ``MIN_BUCKET_SAMPLES``
+    catch-ups were timed the prediction is their mean, whatever the tokens.
     """
 
     def __init__(self, prior_fixed_ms: float, memory: int = FIT_MEMORY_SAMPLES) -> None:
@@ -264,11 +268,18 @@ class CatchupCost:
         self._keep = 1.0 - 1.0 / memory
         self._sums = _Sums()
         self._seen = 0
+        self._stalls = 0
 
     def add(self, tokens: int, ms: float) -> None:
         self._seen += 1
-        if self._seen > 1 and tokens > 0 and ms > 0:
-            self._sums.add(tokens, ms, self._keep)
+        if self._seen == 1 or tokens <= 0 or not ms > 0:
+            return
+        if self._sums.count >= MIN_BUCKET_SAMPLES and ms > STALL_FACTOR * self.predict(tokens):
+            self._stalls += 1
+            if self._stalls < STALL_RUN:
+                return
+        self._stalls = 0
+        self._sums.add(tokens, ms, self._keep)
 
     def predict(self, tokens: int) -> float:
         if tokens <= 0:
