@@ -202,18 +202,27 @@ def test_a_server_that_does_not_start_is_recorded_and_the_others_run(fakes, monk
     assert statuses == {"plain": "ok", "eagle3": "failed", "dynamic": "ok"}
 
 
-@pytest.mark.parametrize("configs, hint", [("plain,eagle3,dynamic", True), ("eagle3", False)])
-def test_a_server_out_of_gpu_memory_beside_others_is_told_to_run_alone(fakes, monkeypatch, configs, hint):
+TORCH_OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1024.00 MiB."
+PLUGIN_OOM = "StartupError: EAGLE3_DYNAMIC: out of GPU memory allocating the draft catch-up stash (1024 MiB) ..."
+SGLANG_OOM = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
+POOL_FULL = "RuntimeError: Prefill out of memory. Try to lower your batch size."  # the KV pool, not the GPU
+
+
+@pytest.mark.parametrize("configs, message, hint", [
+    ("plain,eagle3,dynamic", TORCH_OOM, True), ("plain,eagle3,dynamic", PLUGIN_OOM, True),
+    ("plain,eagle3,dynamic", SGLANG_OOM, True), ("plain,eagle3,dynamic", POOL_FULL, False), ("eagle3", TORCH_OOM, False)])
+def test_a_server_out_of_gpu_memory_beside_others_is_told_to_run_alone(fakes, monkeypatch, configs, message, hint):
     """Three 8B-shaped servers do not fit an 80 GB GPU (H100, 2026-12-05): the one that runs out of
-    memory beside the others is recorded with the way out; a server alone gets no such hint."""
+    GPU memory beside the others is recorded with the way out; a full KV pool or a server alone
+    gets no such hint."""
     port = free_port()
     monkeypatch.setenv("FAKE_CRASH_PORT", str(port + configs.split(",").index("eagle3")))  # eagle3's port
-    monkeypatch.setenv("FAKE_CRASH_MESSAGE", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1024.00 MiB.")
+    monkeypatch.setenv("FAKE_CRASH_MESSAGE", message)
     out = fakes / "out"
     run.main(["run", "--model-path", "m", "--draft-model-path", "d", "--port", str(port), "--out", str(out),
               "--configs", configs, "--workload", "closed-2", "--server-timeout-s", "20"])
     error = json.loads((out / "results.json").read_text())["configs"]["eagle3"]["error"]
-    assert "CUDA out of memory" in error and ("--schedule sequential" in error) is hint
+    assert message in error and ("--schedule sequential" in error) is hint
 
 
 def test_a_group_where_no_server_starts_runs_nothing(fakes, monkeypatch):

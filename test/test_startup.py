@@ -209,14 +209,16 @@ def test_out_of_gpu_memory_at_start_up_is_one_line_naming_the_fix(measured, monk
     monkeypatch.setattr(startup, "PlainDecodeGraphs", lambda runner, capture_bs: plain_graphs(capture_bs))
 
     def out_of_memory(*args, **kwargs):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1024.00 MiB.")
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1024.00 MiB.\nSee the allocator docs.")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (747 * 2**20, 80 * 2**30))
 
     monkeypatch.setattr(startup, part, out_of_memory)
     with pytest.raises(StartupError) as refused:
         startup.build_decode_parts(fake_worker(), Config())
     message = str(refused.value)
-    assert "\n" not in message and "--mem-fraction-static" in message
-    assert all(name in message for name in names), message
+    assert "\n" not in message and "--mem-fraction-static" in message and "Tried to allocate 1024" in message
+    assert all(name in message for name in names) and "747 MiB free" in message, message
     assert refused.value.__cause__ is None and refused.value.__suppress_context__
 
 

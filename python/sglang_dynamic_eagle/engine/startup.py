@@ -138,13 +138,16 @@ def refused_if_out_of_memory(what: str, other_fix: str) -> Iterator[None]:
     GPU, or a fraction tuned for EAGLE3 alone, that can be too little."""
     try:
         yield
-    except torch.OutOfMemoryError:
-        free = (f" ({torch.cuda.mem_get_info()[0] / 2**20:.0f} MiB free)"
-                if torch.cuda.is_available() else "")
+    except torch.OutOfMemoryError as error:
+        try:
+            free = f"{torch.cuda.mem_get_info()[0] / 2**20:.0f} MiB free; "
+        except Exception:  # no CUDA here, or a context the failure left unusable
+            free = ""
+        torch_says = str(error).split("\n")[0][:300]  # who holds the memory, on a shared GPU
         raise StartupError(
             f"EAGLE3_DYNAMIC: out of GPU memory allocating {what} after sglang's KV pool and "
-            f"CUDA graphs{free}; lower --mem-fraction-static or --max-total-tokens, "
-            f"{other_fix}") from None
+            f"CUDA graphs; lower --mem-fraction-static or --max-total-tokens, {other_fix} "
+            f"({free}torch: {torch_says})") from None
 
 
 def new_catchup(worker, config: Config) -> DraftCatchup:

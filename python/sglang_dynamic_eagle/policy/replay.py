@@ -30,7 +30,7 @@ from sglang_dynamic_eagle.policy.types import DecodeMode, StepObservation
 FEEDBACK_LAG_STEPS = 16  # the worker all-reduces timings of steps [s - 16, s - 8) at step s
 LOCAL_STEPS = 16  # steps of a bucket whose measured / fitted ratio corrects a mode's fit
 MIN_FITTED_MS = 0.05  # a fit extrapolated below this (or below 0) costs this
-MIN_FIT_BUCKETS = 3  # buckets a mode's timed steps must span for its slopes to be fitted
+MIN_FIT_BUCKETS = 3  # buckets (of 4+ timed steps each) a mode must span for its slopes to be fitted
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Startup refusals as one line, without a traceback.
 
 :class:`StartupError` (a ``ValueError``) is what this package raises for a configuration it
-refuses before any GPU work; its message names the flag or variable and the fix. sglang lets
+refuses before any GPU work, or for a start-up that cannot go on (GPU memory run out for the
+worker's own parts, raised in sglang's scheduler process, whose log then shows it as the last
+line of sglang's traceback); its message names the flag or variable and the fix. sglang lets
 such an error rise out of ``ServerArgs.__post_init__`` to the top of
 ``python -m sglang.launch_server``, where Python would print a traceback of about 25 lines
 above the message. :func:`install_excepthook` makes the interpreter print only
