@@ -146,8 +146,8 @@ def test_a_probe_after_a_stretch_in_the_other_mode_outweighs_old_steps() -> None
 
 
 # Catch-ups of an H100 server (fa3, 2026-12-05, acceptance 1.6): the first one (JIT, not counted),
-# five of 1-8 tokens near 0.6 ms, then one of 288 tokens in about 50 ms (a compile at a new shape;
-# 9,880 tokens later took 22 ms over many catch-ups).
+# five of 1-8 tokens near 0.6 ms, then 288 tokens in 49.6 ms (two catch-ups, taken here as one;
+# most likely a compile at a new shape: 9,880 tokens later took 22 ms over many catch-ups).
 WARM_CATCHUPS = [(1, 4.9), (1, 0.58), (2, 0.59), (4, 0.6), (6, 0.6), (8, 0.61)]
 
 

@@ -257,8 +257,8 @@ class CatchupCost:
     speculative step's at batch 1 (``prior_fixed_ms``, the start-up replay time), and a token
     little (one draft layer). The first catch-up of a server JIT-compiles its kernels (30 ms on
     an H200 against 1-6 ms after) and is not counted; a later one at a shape not seen before can
-    compile again (an H100, 2026-12-05: 288 tokens in about 50 ms where 11,968 later took 0.22 ms
-    per 100), so once the fit is warm a catch-up over ``STALL_FACTOR`` times its prediction is a
+    compile again (an H100, 2026-12-05: catch-ups of 288 tokens in about 50 ms where 9,880 later took
+    0.22 ms per 100), so once the fit is warm a catch-up over ``STALL_FACTOR`` times its prediction is a
     stall, as for steps, unless ``STALL_RUN`` come in a row. Until ``MIN_BUCKET_SAMPLES``
     catch-ups were timed the prediction is their mean, whatever the tokens.
     """
