@@ -198,3 +198,16 @@ def test_the_tool_prints_a_table(capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("Modelled") and lines[-1].startswith("| poisson-4@3 |")
     assert math.isfinite(float(lines[-1].split("|")[3]))
+
+
+def test_a_catch_up_compiles_once_per_new_shape() -> None:
+    """``catchup_compile_ms``: the first catch-up whose token count is a multiple of 16 and the
+    first whose count is not each add it, no later one: the same steps end 2 x 1000 ms later."""
+    workload = Workload("w", (Segment(128, 32, 40, concurrency=16),))
+    every_fourth = lambda obs: DecodeMode.SPECULATIVE if obs.step % 4 == 0 else DecodeMode.PLAIN  # noqa: E731
+    ends = []
+    for compile_ms in (0.0, 1000.0):
+        client, out = served(workload, costs=replace(FA3, catchup_compile_ms=compile_ms), decide=every_fourth,
+                             speculative=True)
+        ends.append(max(r.done_ms for r in client.requests))
+    assert ends[1] - ends[0] == pytest.approx(2000.0)
