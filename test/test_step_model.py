@@ -180,3 +180,17 @@ def test_catch_ups_that_keep_costing_more_are_a_cost() -> None:
     assert cost.predict(300) == before  # stalls so far
     cost.add(300, 12.0)
     assert cost.predict(300) > 2 * before
+
+
+def test_a_step_that_stalls_is_left_out_until_stalls_are_the_cost() -> None:
+    """A step over STALL_FACTOR x its prediction (a compile, a host hiccup) does not move the
+    fit; STALL_RUN of them in a row at one bucket do: that is what the bucket costs now."""
+    cost = new_cost()
+    for step in range(64):
+        cost.add(16, 16 * 600, plain_replay(16) + 0.3, 16, step)
+    before = cost.predict(16, 16 * 600)
+    for run in range(step_model.STALL_RUN - 1):
+        cost.add(16, 16 * 600, 10 * before, 16, 100 + run)
+        assert cost.predict(16, 16 * 600) == pytest.approx(before)
+    cost.add(16, 16 * 600, 10 * before, 16, 200)
+    assert cost.predict(16, 16 * 600) > 1.5 * before

@@ -47,7 +47,7 @@ PRIOR_SLOPE_SAMPLES, PRIOR_KV_SPREAD_TOKENS = 64.0, 16384.0
 # The per-request cost beyond the replay is pulled to 0 (weight: PRIOR_BATCH_SAMPLES steps spread
 # PRIOR_BATCH_SPREAD_REQUESTS apart): one or two batch sizes cannot tell it from noise.
 PRIOR_BATCH_SAMPLES, PRIOR_BATCH_SPREAD_REQUESTS = 8.0, 2.0
-# A step over STALL_FACTOR x its prediction is a stall, unless STALL_RUN in a row at one bucket.
+# A step (or catch-up) over STALL_FACTOR x its prediction is a stall, unless STALL_RUN in a row (_Stalls).
 STALL_FACTOR, STALL_RUN = 4.0, 3
 MIN_STEP_MS = 0.05  # the least a step is predicted to take (a fit can extrapolate below 0)
 
@@ -78,6 +78,22 @@ class _Sums:
         if self.w <= 0:
             return 0.0, 0.0
         return self.kt - self.k * self.t / self.w, max(0.0, self.kk - self.k * self.k / self.w)
+
+
+class _Stalls:
+    """A time over ``STALL_FACTOR`` x its prediction is a stall (a compile at a new shape, a host
+    hiccup), not a cost, unless ``STALL_RUN`` come in a row under one key: then it is the cost."""
+
+    def __init__(self) -> None:
+        self._runs: Dict[object, int] = {}
+
+    def skip(self, key: object, ms: float, predicted: Optional[float]) -> bool:
+        if predicted and ms > STALL_FACTOR * predicted:
+            self._runs[key] = self._runs.get(key, 0) + 1
+            if self._runs[key] < STALL_RUN:
+                return True
+        self._runs[key] = 0
+        return False
 
 
 def _solve3(a: List[List[float]], y: List[float]) -> Optional[List[float]]:
@@ -124,7 +140,7 @@ class ModeCost:
         self.calibration = {b: float(ms) for b, ms in calibration.items() if ms and ms > 0}
         self.prior_per_kv_token_ms = max(0.0, float(prior_per_kv_token_ms))
         self._calibrated = sorted(self.calibration)
-        self._stalls: Dict[int, int] = {b: 0 for b in self.buckets}
+        self._stalls = _Stalls()
         self._bucket_keep = 1.0 - 1.0 / check_int_at_least("memory", memory, 1)
         self._global_keep = 1.0 - 1.0 / GLOBAL_FIT_MEMORY_SAMPLES
         self._xx = [[0.0] * 3 for _ in range(3)]
@@ -168,14 +184,9 @@ class ModeCost:
         if bucket not in self._residuals or not ms > 0:
             return
         b = bucket if batch_size is None else batch_size
-        if self._samples >= MIN_BUCKET_SAMPLES:
-            predicted = self.predict(b, kv_tokens)
-            if predicted and ms > STALL_FACTOR * predicted:
-                # A stall is a one-off; STALL_RUN of them in a row at one bucket are its cost.
-                self._stalls[bucket] += 1
-                if self._stalls[bucket] < STALL_RUN:
-                    return
-        self._stalls[bucket] = 0
+        warm = self._samples >= MIN_BUCKET_SAMPLES
+        if self._stalls.skip(bucket, ms, self.predict(b, kv_tokens) if warm else None):
+            return
         x = (1.0, float(b), float(kv_tokens))
         y = ms - self._replay(bucket)
         keep = self._global_keep
@@ -268,18 +279,15 @@ class CatchupCost:
         self._keep = 1.0 - 1.0 / memory
         self._sums = _Sums()
         self._seen = 0
-        self._stalls = 0
+        self._stalls = _Stalls()
 
     def add(self, tokens: int, ms: float) -> None:
         self._seen += 1
         if self._seen == 1 or tokens <= 0 or not ms > 0:
             return
-        if self._sums.count >= MIN_BUCKET_SAMPLES and ms > STALL_FACTOR * self.predict(tokens):
-            self._stalls += 1
-            if self._stalls < STALL_RUN:
-                return
-        self._stalls = 0
-        self._sums.add(tokens, ms, self._keep)
+        warm = self._sums.count >= MIN_BUCKET_SAMPLES
+        if not self._stalls.skip(None, ms, self.predict(tokens) if warm else None):
+            self._sums.add(tokens, ms, self._keep)
 
     def predict(self, tokens: int) -> float:
         if tokens <= 0:
