@@ -129,24 +129,6 @@ class World:
                    priors: Optional[Dict[DecodeMode, Tuple[Dict[int, float], float]]] = None,
                    ) -> "World":
         buckets = sorted(buckets)
-        fits = {}
-        for mode in (DecodeMode.PLAIN, DecodeMode.SPECULATIVE):
-            points = [(_bucket(buckets, s.batch), s.batch, s.kv_tokens, s.ms) for s in steps
-                      if s.mode is mode and s.ms]
-            if not points:
-                raise ValueError(f"the trace has no timed {mode.value} step")
-            fits[mode] = _robust_fit(points)
-            calibrated, kv_prior = (priors or {}).get(mode, ({}, 0.0))
-            if calibrated and len(fits[mode][0]) < MIN_FIT_BUCKETS:  # slopes not identified
-                shift = float(np.median([ms - kv_prior * kv - calibrated[min(
-                    _bucket(sorted(calibrated), b), max(calibrated))] for _, b, kv, ms in points]))
-                fits[mode] = ({g: t + shift for g, t in calibrated.items()}, 0.0, kv_prior)
-
-        def fitted(mode: DecodeMode, s: TraceStep) -> float:
-            base, per_request, per_kv = fits[mode]  # unmeasured bucket: the nearest measured base
-            bucket = _bucket(buckets, s.batch)
-            nearest = min(base, key=lambda b: (abs(b - bucket), -b))
-            return base[nearest] + per_request * s.batch + per_kv * s.kv_tokens
 
         def floor(mode: DecodeMode, s: TraceStep) -> float:
             # The mode's graph timed at start-up (above the graphs: the largest) plus its KV at the
@@ -154,6 +136,23 @@ class World:
             calibrated, per_kv_prior = (priors or {}).get(mode, ({0: 0.0}, 0.0))
             graph = min(_bucket(sorted(calibrated), s.batch), max(calibrated))
             return calibrated[graph] + per_kv_prior * s.kv_tokens
+
+        fits, shifts = {}, {}  # shifts: modes costed as their floor plus the median residual
+        for mode in (DecodeMode.PLAIN, DecodeMode.SPECULATIVE):
+            timed = [s for s in steps if s.mode is mode and s.ms]
+            if not timed:
+                raise ValueError(f"the trace has no timed {mode.value} step")
+            fits[mode] = _robust_fit([(_bucket(buckets, s.batch), s.batch, s.kv_tokens, s.ms) for s in timed])
+            if (priors or {}).get(mode, ({},))[0] and len(fits[mode][0]) < MIN_FIT_BUCKETS:  # slopes unknown
+                shifts[mode] = float(np.median([s.ms - floor(mode, s) for s in timed]))
+
+        def fitted(mode: DecodeMode, s: TraceStep) -> float:
+            if mode in shifts:
+                return floor(mode, s) + shifts[mode]
+            base, per_request, per_kv = fits[mode]  # unmeasured bucket: the nearest measured base
+            bucket = _bucket(buckets, s.batch)
+            nearest = min(base, key=lambda b: (abs(b - bucket), -b))
+            return base[nearest] + per_request * s.batch + per_kv * s.kv_tokens
 
         at = np.array([_bucket(buckets, s.batch) for s in steps])
 
