@@ -147,7 +147,7 @@ def test_observe_reads_sglangs_own_requests() -> None:
     limited.kv_committed_len, unlimited.kv_committed_len = 5, 40
     acceptance = RequestAcceptance()
     acceptance.launched([limited])
-    acceptance.verified([2])  # requests key a weak mapping: hashable, weakly referenceable
+    acceptance.verified([2])  # records hold a weak reference to their request: weakly referenceable
     observation = observe(SimpleNamespace(reqs=[limited, unlimited]), 4, acceptance, 9)
     assert (observation.batch_size, observation.kv_tokens, observation.queued,
             observation.step) == (2, 45, 4, 9)

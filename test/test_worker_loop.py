@@ -240,8 +240,8 @@ def use_policy(worker, policy) -> None:
 
 
 class FakeReq:
-    """Stands for sglang's Req: the fields the worker reads, hashed by identity and weakly
-    referenceable like the real one (the acceptance records are a weak mapping keyed by it)."""
+    """Stands for sglang's Req: the fields the worker reads, weakly referenceable like the real
+    one (each acceptance record holds a weak reference to its request)."""
 
     def __init__(self, slot: int, kv_committed_len: int, max_new_tokens: Optional[int],
                  output_len: int) -> None:
@@ -592,3 +592,23 @@ def test_without_the_variable_nothing_is_traced(worker, tmp_path, monkeypatch) -
     decode(worker, [0])
     worker.on_verify_complete_cpu([1])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_acceptance_records_go_with_their_requests_and_never_match_another_object() -> None:
+    """Records are keyed by the request's id: one is dropped when sglang lets its request go,
+    and an object under an id whose record belongs to another never reads it."""
+    acceptance = RequestAcceptance()
+    first, second = FakeReq(0, 10, 100, 0), FakeReq(1, 10, 100, 0)
+    acceptance.launched([first, second])
+    acceptance.verified([2, 0])
+    acceptance.launched([first])
+    acceptance.verified([1])
+    assert acceptance.of([first, second]) == ([2, 1], [5, 1])
+    del second
+    assert len(acceptance) == 1  # the callback dropped the finished request's record
+    stranger = FakeReq(2, 10, 100, 0)
+    acceptance._record[id(stranger)] = acceptance._record.pop(id(first))  # an id reused
+    assert acceptance.of([stranger]) == ([0], [0])
+    acceptance.launched([stranger])
+    acceptance.verified([3])
+    assert acceptance.of([stranger, first]) == ([1, 0], [4, 0])

@@ -7,26 +7,37 @@ sglang counts every decode result as a verify of each request (``Req.spec_verify
 steps included, so the per-request record is kept here, from speculative results only: each
 speculative step's requests are queued at launch and matched with their verify result, which
 the scheduler processes in launch order (``counters.ModeCounters`` attributes results the same
-way). The record lives in a weak mapping keyed by the request object and goes with it.
+way). A record goes with its request object (a weak reference's callback).
 """
 
 from __future__ import annotations
 
 import weakref
 from collections import deque
-from typing import Deque, List, Sequence, Tuple
+from typing import Callable, Deque, Dict, List, Sequence, Tuple
 
 from sglang_dynamic_eagle.policy import DecodeMode, DecodePolicy, StepObservation
 from sglang_dynamic_eagle.policy.throughput import ThroughputPolicy
 
 
+_NO_LIMIT = 1 << 30
+
+
 class RequestAcceptance:
-    """Per-request (verifies, tokens yielded incl. bonus) of speculative steps."""
+    """Per-request (verifies, tokens yielded incl. bonus) of speculative steps.
+
+    Read and written for every request at every step on the scheduler's thread, so records are
+    keyed by the request object's id (a ``WeakKeyDictionary`` builds a weak reference per
+    lookup); each holds a weak reference whose callback drops the record when sglang lets the
+    request go, and a lookup checks that reference, so an id reused later never reads it."""
 
     def __init__(self) -> None:
-        self._record: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._record: Dict[int, list] = {}  # id(req) -> [verifies, tokens, weakref.ref(req)]
         self._launched: Deque[List] = deque()
         self.mismatched = 0
+
+    def __len__(self) -> int:
+        return len(self._record)
 
     def launched(self, reqs: Sequence) -> None:
         """A speculative step over ``reqs`` was launched."""
@@ -41,22 +52,38 @@ class RequestAcceptance:
         if len(reqs) != len(correct_drafts_per_req):
             self.mismatched += 1
             return
+        record = self._record
         for req, drafts in zip(reqs, correct_drafts_per_req):
-            verifies, tokens = self._record.get(req, (0, 0))
-            self._record[req] = (verifies + 1, tokens + drafts + 1)
+            entry = record.get(id(req))
+            if entry is None or entry[2]() is not req:
+                entry = record[id(req)] = [0, 0, weakref.ref(req, _dropper(record, id(req)))]
+            entry[0] += 1
+            entry[1] += drafts + 1
 
     def of(self, reqs: Sequence) -> Tuple[List[int], List[int]]:
         get = self._record.get
-        pairs = [get(req, (0, 0)) for req in reqs]
-        return [p[0] for p in pairs], [p[1] for p in pairs]
+        verifies, tokens = [], []
+        for req in reqs:
+            entry = get(id(req))
+            if entry is None or entry[2]() is not req:
+                verifies.append(0)
+                tokens.append(0)
+            else:
+                verifies.append(entry[0])
+                tokens.append(entry[1])
+        return verifies, tokens
 
 
-def remaining_tokens(req) -> int:
-    """Tokens ``req`` may still emit (a large number when it sets no limit)."""
-    limit = req.sampling_params.max_new_tokens
-    if limit is None:
-        return 1 << 30
-    return max(1, limit - len(req.output_ids))
+def _dropper(record: Dict[int, list], key: int) -> Callable:
+    """The weak reference's callback: drop the record it belongs to (not a newer one under a
+    reused id)."""
+
+    def drop(ref) -> None:
+        entry = record.get(key)
+        if entry is not None and entry[2] is ref:
+            del record[key]
+
+    return drop
 
 
 def observe(batch, queued: int, acceptance: RequestAcceptance, step: int,
@@ -66,7 +93,7 @@ def observe(batch, queued: int, acceptance: RequestAcceptance, step: int,
     at most ``per_request_up_to`` requests: above the speculative graphs (and for the threshold
     policy, which reads none) the step is plain whatever they say."""
     reqs = batch.reqs
-    kv_tokens = sum(req.kv_committed_len for req in reqs)
+    kv_tokens = sum([req.kv_committed_len for req in reqs])
     if len(reqs) > per_request_up_to:
         return StepObservation(batch_size=len(reqs), kv_tokens=kv_tokens, queued=queued,
                                step=step)
@@ -77,7 +104,9 @@ def observe(batch, queued: int, acceptance: RequestAcceptance, step: int,
         queued=queued,
         verifies=verifies,
         accepted=accepted,
-        remaining=[remaining_tokens(req) for req in reqs],
+        # Tokens each request may still emit (a large number when it sets no limit).
+        remaining=[_NO_LIMIT if (limit := req.sampling_params.max_new_tokens) is None
+                   else max(1, limit - len(req.output_ids)) for req in reqs],
         step=step,
     )
 

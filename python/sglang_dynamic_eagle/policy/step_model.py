@@ -97,18 +97,25 @@ class _Stalls:
 
 
 def _solve3(a: List[List[float]], y: List[float]) -> Optional[List[float]]:
-    """Solution of the 3x3 system a x = y (Gaussian elimination, partial pivoting)."""
-    m = [row[:] + [v] for row, v in zip(a, y)]
+    """Solution of the 3x3 system a x = y (Gaussian elimination, partial pivoting). Runs at
+    every timed step on the scheduler's thread: rows are updated in place."""
+    m = [a[0][:] + [y[0]], a[1][:] + [y[1]], a[2][:] + [y[2]]]
     for col in range(3):
-        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+        pivot = col
+        for r in range(col + 1, 3):
+            if abs(m[r][col]) > abs(m[pivot][col]):
+                pivot = r
         if abs(m[pivot][col]) < 1e-12:
             return None
         m[col], m[pivot] = m[pivot], m[col]
+        top = m[col]
         for r in range(3):
             if r != col:
-                f = m[r][col] / m[col][col]
-                m[r] = [x - f * c for x, c in zip(m[r], m[col])]
-    return [m[r][3] / m[r][r] for r in range(3)]
+                row = m[r]
+                f = row[col] / top[col]
+                for j in range(4):
+                    row[j] = row[j] - f * top[j]
+    return [m[0][3] / m[0][0], m[1][3] / m[1][1], m[2][3] / m[2][2]]
 
 
 class ModeCost:
