@@ -132,6 +132,28 @@ def test_a_warm_up_may_carry_its_own_acceptance(fakes):
     assert json.loads((out / "results.json").read_text())["runs"][0]["acceptance"] == "3.0"
 
 
+def test_every_server_is_warmed_up_with_a_seed_bench_serving_takes_and_the_outcome_is_kept(fakes):
+    """bench_serving seeds numpy with --seed (0 to 2**32 - 1); the stand-in driver refuses others as it does."""
+    out = fakes / "out"
+    assert main(out, "--workload", "closed-2,poisson-5", "--traffic-s", "1", "--configs", "plain,dynamic",
+                "--rounds", "2") == 0
+    document = json.loads((out / "results.json").read_text())
+    assert [(w["config"], w["workload"], w["status"]) for w in document["warmups"]] == [
+        ("plain", "warmup", "ok"), ("dynamic", "warmup", "ok")]
+    seeds = [int(flag_values(["x", *r["flags"]])["--seed"][0]) for r in driver_requests(fakes)]
+    assert all(0 <= seed < 2**32 for seed in seeds)
+    warm_up_seeds, measured_seeds = set(seeds[:2]), set(seeds[2:])
+    assert len(warm_up_seeds) == 1 and not warm_up_seeds & measured_seeds
+    assert len(measured_seeds) == 4  # both servers of a round get the same prompts; workloads and rounds differ
+
+
+@pytest.mark.parametrize("seed", ["-1", str(run.MAX_SEED + 1)])
+def test_a_seed_outside_bench_servings_range_is_refused_before_any_server_starts(fakes, seed):
+    with pytest.raises(SystemExit, match="--seed"):
+        main(fakes / "out", "--seed", seed, "--configs", "plain")
+    assert not (fakes / "driver_requests.jsonl").exists()
+
+
 def test_sequential_serves_one_configuration_at_a_time_with_its_own_memory_flags(fakes):
     out = fakes / "out"
     assert main(out, "--configs", "plain,dynamic", "--schedule", "sequential", "--workload", "closed-2,closed-4",
@@ -315,3 +337,11 @@ def test_report_of_a_saved_run_can_use_another_goodput_target(fakes):
     strict = report.render_markdown(results.load_results(out / "results.json"), goodput_tpot_ms=1.0)
     assert "## Goodput (req/s that completed with TPOT <= 1 ms)" in strict
     assert "| closed-2 | 0.00 |" in strict and "| closed-2 | 2.00 |" in (out / "report.md").read_text()
+
+
+def test_a_failed_warm_up_is_reported_as_a_problem(fakes, monkeypatch):
+    monkeypatch.setattr(run, "WARMUP_SEED_OFFSET", -10**6)  # a seed bench_serving refuses
+    out = fakes / "out"
+    assert main(out, "--workload", "closed-2", "--configs", "plain") == 0
+    assert "- warm-up `plain` (its first workload ran cold): failed: ValueError: Seed must be" in (
+        out / "report.md").read_text()

@@ -4,7 +4,7 @@ Per request line it reads the server's /server_info (answered as "after_warmup")
 request to the server the flags name (so that the server counts and traces it), and appends a
 bench_serving-shaped result line with --num-prompts requests of --random-output-len tokens to
 --output-file (TTFT 10 ms and 5 ms per later token; 20 ms and 100 ms on port $FAKE_SLOW_PORT),
-each run lasting 2 s. With $FAKE_DRIVER_SLEEP_S it waits that long before answering; every
+each run lasting 2 s; a --seed numpy would refuse fails as bench_serving does. With $FAKE_DRIVER_SLEEP_S it waits that long before answering; every
 request line is appended to $FAKE_DRIVER_LOG when that is set.
 """
 
@@ -32,6 +32,10 @@ def main() -> None:
                     request["mix"] = mix.read().strip()
             with open(os.environ["FAKE_DRIVER_LOG"], "a") as log:
                 log.write(json.dumps(request) + "\n")
+        seed = int(flag(flags, "--seed", 0))
+        if not 0 <= seed < 2**32:  # bench_serving passes it to numpy.random.seed, which refuses it
+            print(json.dumps({"ok": False, "error": "ValueError: Seed must be between 0 and 2**32 - 1"}), flush=True)
+            continue
         base = f"http://{flag(flags, '--host')}:{flag(flags, '--port')}"
         info = json.loads(urllib.request.urlopen(base + "/server_info", timeout=10).read())  # after the warm-up
         body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 2}}).encode()
