@@ -31,7 +31,6 @@ MIN_GROUP_WINDOW_S = 120.0  # no server group is started with less of the time b
 ERROR_TAIL_LINES = 30
 KV_TOKENS = re.compile(re.escape(server.KV_ALLOCATED) + r".*?#tokens: (\d+)")
 SKIPPED = "time budget spent"
-WARMUP_SEED_OFFSET, MAX_SEED = 900_000, 2**32 - 1 - 901_000  # bench_seed: warm-ups apart, within numpy's range
 SETTINGS = ("configs", "schedule", "rounds", "warmup", "goodput_tpot_ms", "visible_special_tokens", "server_env",
             "max_total_tokens", "seed", "bench_args", "time_budget_s", "acceptance")
 
@@ -125,14 +124,8 @@ def set_acceptance(plan: argparse.Namespace, workload: workloads.Workload | None
     return mixture or None
 
 
-def bench_seed(base: int, index: int | None, round_index: int, segment: int) -> int:
-    """bench_serving's --seed: one per pair of runs, workload (``index``; None: warm-up), round and segment. numpy
-    takes 0 to 2**32 - 1 only (until 2026-12-05 warm-ups got a negative seed and never ran)."""
-    return base + segment + (WARMUP_SEED_OFFSET if index is None else 1000 * round_index + 100 * index)
-
-
 def run_workload(plan: argparse.Namespace, client: bench.BenchClient, running: server.RunningServer,
-                 workload: workloads.Workload, index: int | None, round_index: int, deadline: float) -> dict:
+                 workload: workloads.Workload, index: int, round_index: int, deadline: float) -> dict:
     """Every segment of a workload against one server: the run record (metrics over all requests;
     EAGLE3_DYNAMIC's counters from after bench_serving's first warm-up request to the end)."""
     record = {"config": running.config, "workload": workload.name, "round": round_index, "status": results.RUN_OK,
@@ -145,7 +138,7 @@ def run_workload(plan: argparse.Namespace, client: bench.BenchClient, running: s
             timeout_s = min(plan.bench_timeout_s, deadline - time.monotonic())
             reply = {"ok": False, "error": SKIPPED} if timeout_s <= 0 else client.run(
                 bench.segment_flags(segment, plan.tokenizer, plan.host, plan.port + plan.names.index(running.config),
-                                    bench_seed(plan.seed, index, round_index, number), str(output_file),
+                                    plan.seed + 1000 * round_index + 100 * index + number, str(output_file),
                                     plan.bench_args),
                 plan.visible_special_tokens, timeout_s, lambda: server.server_is_running(running))
             before = before or results.find_mode_counters(reply.get("after_warmup"), complete=False)
@@ -170,14 +163,10 @@ def run_workload(plan: argparse.Namespace, client: bench.BenchClient, running: s
 
 def benchmark_group(plan: argparse.Namespace, group: tuple[str, ...], served: dict[str, server.RunningServer],
                     document: dict, client: bench.BenchClient, deadline: float) -> None:
-    """Warm every server up (kept under "warmups", unmeasured), then each workload (and round) against each in turn."""
-    for running, warm_up in ((running, w) for running in served.values() for w in plan.warmups
-                             if server.server_is_running(running)):
-        record = run_workload(plan, client, running, warm_up, None, 0, deadline)
+    """Warm each server up (as round --rounds: a seed of its own; kept under "warmups"), then each workload and round."""
+    for running, warm_up in ((r, w) for r in served.values() for w in plan.warmups if server.server_is_running(r)):
+        record = run_workload(plan, client, running, warm_up, 0, plan.rounds, deadline)
         document.setdefault("warmups", []).append({k: record[k] for k in ("config", "workload", "status", "error")})
-        if record["status"] != results.RUN_OK:
-            logger.warning("[%s] warm-up %s: %s (%s): its first workload runs cold", running.config, warm_up.name,
-                           record["status"], record["error"])
     for index, workload in enumerate(plan.workloads):
         for round_index in range(plan.rounds):
             for name in run_order(group, index, round_index):
@@ -251,8 +240,6 @@ def command_report(args: argparse.Namespace) -> int:
 
 def build_plan(args: argparse.Namespace) -> argparse.Namespace:
     """The arguments, checked, with the workloads, server setup and environment resolved."""
-    if not 0 <= args.seed <= MAX_SEED:
-        raise SystemExit(f"--seed {args.seed}: give 0 to {MAX_SEED} (bench_serving seeds numpy with it, plus offsets)")
     plan = argparse.Namespace(**vars(args))
     plan.names = tuple(configs.parse_config_list(args.configs))
     options = workloads.Options(args.traffic_s, args.idle_s, args.waves, args.min_prompts)

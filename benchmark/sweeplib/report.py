@@ -148,8 +148,7 @@ def trace_row(run: dict) -> list[str] | None:
 
 def problem_lines(document: dict) -> list[str]:
     problems = [(f"server `{name}`", c) for name, c in document["configs"].items()] + [
-        (f"run `{run['config']}` {row_key(run)}", run) for run in document["runs"]] + [
-        (f"warm-up `{w['config']}` (its first workload ran cold)", w) for w in document.get("warmups", [])]
+        (f"run `{run['config']}` {row_key(run)}", run) for run in document["runs"] + document.get("warmups", [])]
     lines = [f"- {what}: {record['status']}: {(record.get('error') or '').partition(chr(10))[0]}"
              for what, record in problems if record["status"] != results.RUN_OK]
     pools = {name: config.get("kv_tokens") for name, config in document["configs"].items() if config.get("kv_tokens")}
