@@ -27,8 +27,8 @@ SUPPORTED: Dict[Capability, str] = {
     (12, 0): "SM120 Blackwell consumer / workstation (RTX 50xx, RTX PRO 6000)",
 }
 RUN_ON: Dict[Capability, str] = {
-    (9, 0): "run on one H200 with sglang's defaults (fa3 attention, prefill CUDA graphs) and "
-    "with triton attention; flashinfer attention lossless, not benchmarked",
+    (9, 0): "run on H200 and H100 with sglang's defaults (fa3 attention, prefill CUDA graphs), "
+    "on H200 also with triton attention; flashinfer attention lossless, not benchmarked",
     (12, 0): "not run yet",
 }
 FLAGS: Dict[Capability, Tuple[str, ...]] = {
