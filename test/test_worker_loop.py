@@ -573,7 +573,8 @@ def test_the_trace_records_steps_times_verifies_and_catchups(worker, tmp_path, m
     records = [r for r in records if r["k"] != "host"]
     assert [r["k"] for r in records] == ["step", "step", "verify", "time", "step", "catchup"]
     assert records[1] == {**records[1], "step": 2, "mode": "plain", "b": 3, "kv": 300, "q": 4}
-    assert records[2] == {"k": "verify", "step": 1, "tokens": 3, "requests": 1}
+    assert records[2] == {"k": "verify", "step": 1, "tokens": 3, "requests": 1,
+                          "first_requests": 1, "first_tokens": 3}
     assert records[5] == {**records[5], "tokens": 1, "ms": catchup_ms(1)}
     # After each decode step, its host time: the worker's own work and the mode's step call.
     assert [h["step"] for h in hosts] == [1, 2, 3]

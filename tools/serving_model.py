@@ -369,7 +369,7 @@ def serve(client: Client, decide: Callable[[StepObservation], DecodeMode], costs
                     policy.add_catchup(catchup, ms)
             plain_run = 0
             step_ms = jitter(costs.spec_ms(b, kv))
-            drafts = []
+            drafts, before = [], []
             shared = (shape.acceptance_draws == "simulated"
                       and len({r.acceptance for r in running}) == 1 and rng.random())
             for r in running:
@@ -384,11 +384,12 @@ def serve(client: Client, decide: Callable[[StepObservation], DecodeMode], costs
                     while k < costs.draft_steps and rng.random() < chains[r.acceptance]:
                         k += 1
                 drafts.append(k)
+                before.append(r.verifies)
                 r.verifies += 1
                 r.accepted += k + 1
                 r.emitted = min(r.output_len, r.emitted + k + 1)
             if hasattr(policy, "add_verify"):
-                policy.add_verify(drafts)
+                policy.add_verify(drafts, before)
             out.speculative_steps += 1
         else:
             plain_run += 1

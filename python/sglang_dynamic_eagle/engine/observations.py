@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
-from typing import Callable, Deque, Dict, List, Sequence, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from sglang_dynamic_eagle.policy import DecodeMode, DecodePolicy, StepObservation
 from sglang_dynamic_eagle.policy.throughput import ThroughputPolicy
@@ -43,22 +43,26 @@ class RequestAcceptance:
         """A speculative step over ``reqs`` was launched."""
         self._launched.append(list(reqs))
 
-    def verified(self, correct_drafts_per_req: Sequence[int]) -> None:
-        """The oldest launched speculative step's verify result."""
+    def verified(self, correct_drafts_per_req: Sequence[int]) -> Optional[List[int]]:
+        """The oldest launched speculative step's verify result; returns each request's
+        verifies before it (None where the result matched no launch)."""
         if not self._launched:
             self.mismatched += 1
-            return
+            return None
         reqs = self._launched.popleft()
         if len(reqs) != len(correct_drafts_per_req):
             self.mismatched += 1
-            return
+            return None
         record = self._record
+        before = []
         for req, drafts in zip(reqs, correct_drafts_per_req):
             entry = record.get(id(req))
             if entry is None or entry[2]() is not req:
                 entry = record[id(req)] = [0, 0, weakref.ref(req, _dropper(record, id(req)))]
+            before.append(entry[0])
             entry[0] += 1
             entry[1] += drafts + 1
+        return before
 
     def of(self, reqs: Sequence) -> Tuple[List[int], List[int]]:
         get = self._record.get
@@ -121,9 +125,10 @@ class PolicyFeed:
         # Largest batch whose per-request records the policy can use (observe's limit).
         self.per_request_up_to = 0 if self._learner is None else policy.max_speculative_batch
 
-    def verified(self, step: int, correct_drafts_per_req: Sequence[int]) -> None:
+    def verified(self, step: int, correct_drafts_per_req: Sequence[int],
+                 prior_verifies: Optional[Sequence[int]] = None) -> None:
         if self._learner is not None:
-            self._learner.add_verify(correct_drafts_per_req)
+            self._learner.add_verify(correct_drafts_per_req, prior_verifies)
 
     def step_time(self, step: int, mode: DecodeMode, batch_size: int, kv_tokens: int,
                   ms: float) -> None:

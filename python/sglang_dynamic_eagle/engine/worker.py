@@ -93,8 +93,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
     ) -> None:
         start = perf_counter()
         if self.counters.record_result(num_correct_drafts_per_req) is DecodeMode.SPECULATIVE:
-            self.request_acceptance.verified(num_correct_drafts_per_req)
-            self._feed.verified(self.counters.verified_step, num_correct_drafts_per_req)
+            before = self.request_acceptance.verified(num_correct_drafts_per_req)
+            self._feed.verified(self.counters.verified_step, num_correct_drafts_per_req, before)
         self.counters.record_host(None, perf_counter() - start)
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
 

@@ -35,6 +35,8 @@ import json
 import time
 from typing import Any, Optional, Sequence, Tuple
 
+from sglang_dynamic_eagle.policy.acceptance import REQUEST_PRIOR_VERIFIES
+
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # one encoder (json.dumps builds one a call)
 
@@ -62,10 +64,16 @@ class StepTrace:
     def time(self, step: int, ms: float) -> None:
         self._write({"k": "time", "step": step, "ms": round(ms, 4)})
 
-    def verify(self, step: int, correct_drafts_per_req: Sequence[int]) -> None:
-        self._write({"k": "verify", "step": step,
-                     "tokens": sum(correct_drafts_per_req) + len(correct_drafts_per_req),
-                     "requests": len(correct_drafts_per_req)})
+    def verify(self, step: int, correct_drafts_per_req: Sequence[int],
+               prior_verifies: Optional[Sequence[int]] = None) -> None:
+        row = {"k": "verify", "step": step,
+               "tokens": sum(correct_drafts_per_req) + len(correct_drafts_per_req),
+               "requests": len(correct_drafts_per_req)}
+        if prior_verifies is not None:  # the requests the server means take (policy/acceptance.py)
+            first = [d for d, n in zip(correct_drafts_per_req, prior_verifies)
+                     if n < REQUEST_PRIOR_VERIFIES]
+            row["first_requests"], row["first_tokens"] = len(first), sum(first) + len(first)
+        self._write(row)
 
     def catchup(self, tokens: int, ms: float) -> None:
         self._write({"k": "catchup", "t": round(time.time(), 4), "tokens": tokens,
@@ -106,9 +114,10 @@ class TracedFeed:
         self.feed, self._trace = feed, trace
         self.per_request_up_to = feed.per_request_up_to
 
-    def verified(self, step: int, correct_drafts_per_req: Sequence[int]) -> None:
-        self.feed.verified(step, correct_drafts_per_req)
-        self._trace.verify(step, correct_drafts_per_req)
+    def verified(self, step: int, correct_drafts_per_req: Sequence[int],
+                 prior_verifies: Optional[Sequence[int]] = None) -> None:
+        self.feed.verified(step, correct_drafts_per_req, prior_verifies)
+        self._trace.verify(step, correct_drafts_per_req, prior_verifies)
 
     def step_time(self, step: int, mode, batch_size: int, kv_tokens: int, ms: float) -> None:
         self.feed.step_time(step, mode, batch_size, kv_tokens, ms)

@@ -153,8 +153,8 @@ class ThroughputPolicy:
     def add_catchup(self, tokens: int, ms: float) -> None:
         self.catchup.add(tokens, ms)
 
-    def add_verify(self, correct_drafts_per_req: Sequence[int]) -> None:
-        self.acceptance.add_verify(correct_drafts_per_req, self._step)
+    def add_verify(self, drafts: Sequence[int], prior_verifies: Optional[Sequence[int]] = None) -> None:
+        self.acceptance.add_verify(drafts, self._step, prior_verifies)
 
     # -- deciding ------------------------------------------------------------
 
