@@ -211,3 +211,21 @@ def test_a_catch_up_compiles_once_per_new_shape() -> None:
                              speculative=True)
         ends.append(max(r.done_ms for r in client.requests))
     assert ends[1] - ends[0] == pytest.approx(2000.0)
+
+
+def verify_weighted(costs, shape):
+    """The policy with its acceptance priors averaged over verifies (each request weighed by the
+    steps it runs) rather than over requests: the estimator before 2026-12-05."""
+    policy = sm.dynamic_policy(costs, shape)
+    add_verify = policy.acceptance.add_verify
+    policy.acceptance.add_verify = lambda drafts, step, prior_verifies=None: add_verify(drafts, step)
+    return policy
+
+
+def test_a_light_mixture_prices_new_requests_over_requests() -> None:
+    """Light traffic (4 requests/s, fa3-shaped costs) where half the requests accept 1.3 and half
+    4.0: median E2E within 1.05x the better mode's (two seeds); with the priors averaged over
+    verifies, arrivals look like the slow survivors and it is not."""
+    name = "poisson-4@15~1.3:0.5/4.0:0.5"
+    assert ratios(one(name), FA3, "3.0", seeds=2)["e2e_p50"] <= 1.05
+    assert ratios(one(name), FA3, "3.0", policy_factory=verify_weighted, seeds=2)["e2e_p50"] > 1.05
