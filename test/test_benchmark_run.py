@@ -304,18 +304,19 @@ def test_group_commands_share_every_flag_but_speculative_and_memory_ones(tmp_pat
 
 def test_split_trace_cuts_by_time_and_keeps_a_steps_lines_together(tmp_path):
     trace = tmp_path / "trace.jsonl"
+    config = {"k": "config", "calibration": {}}  # written first, without a time: every file gets it
     lines = [{"k": "step", "step": 1, "t": 10.0}, {"k": "step", "step": 2, "t": 20.0, "mode": "plain"},
              {"k": "time", "step": 1, "ms": 1.0}, {"k": "verify", "step": 2, "tokens": 3},
              {"k": "step", "step": 3, "t": 30.0, "mode": "speculative"}, {"k": "catchup", "t": 31.0}]
-    trace.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"k": "step", "t"')
+    trace.write_text("".join(json.dumps(line) + "\n" for line in [config] + lines) + '{"k": "step", "t"')
     runs = [{"workload": "a", "started_at": 5.0, "ended_at": 12.0}, {"workload": "b@1", "started_at": 15.0,
             "ended_at": 25.0}, {"workload": "b@1", "started_at": 29.0, "ended_at": 35.0}, {"workload": "c"}]
     results.split_trace(trace, runs, tmp_path, "t_")
     kept = {name: [json.loads(line) for line in (tmp_path / f"t_{name}.jsonl").read_text().splitlines()]
             for name in ("a", "b_1")}
-    assert kept["a"] == [lines[0], lines[2]]  # step 1's time line goes with step 1, written after step 2
-    assert kept["b_1"] == [lines[1], lines[3], lines[4], lines[5]]  # file names keep to letters, digits, . _ -
-    assert runs[1]["trace"] == runs[2]["trace"] == {"file": "t_b_1.jsonl", "lines": 4,
+    assert kept["a"] == [config, lines[0], lines[2]]  # step 1's time line goes with step 1, written after step 2
+    assert kept["b_1"] == [config, lines[1], lines[3], lines[4], lines[5]]  # names keep to letters, digits, . _ -
+    assert runs[1]["trace"] == runs[2]["trace"] == {"file": "t_b_1.jsonl", "lines": 5,
                                                     "steps_by_mode": {"plain": 1, "speculative": 1}}
     assert "trace" not in runs[3]  # skipped: it never ran
     results.split_trace(tmp_path / "none.jsonl", runs[:1], tmp_path, "n_")

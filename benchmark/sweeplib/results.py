@@ -82,16 +82,15 @@ def file_safe(name: str) -> str:  # a workload name in a file name (``~1.3:0.5/4
 
 
 def split_trace(trace: Path, runs: list[dict], out_dir: Path, prefix: str) -> None:
-    """Write the lines of a decode-step trace (``SGLANG_DYNAMIC_EAGLE_TRACE``) from the time windows
-    of each workload's runs to ``<prefix><workload>.jsonl``, and give each run ``trace``: the file,
-    its line count and its step lines by mode. Lines without a time ``t`` (a step's measured time,
-    its verify) go with the step line of the same ``step``, else with the line before them."""
+    """Write the lines of a decode-step trace (``SGLANG_DYNAMIC_EAGLE_TRACE``) from the time windows of
+    each workload's runs to ``<prefix><workload>.jsonl`` (and its ``config`` line to each: a replay reads
+    it), and give each run ``trace``: the file, its line count and its step lines by mode. Lines without a
+    time ``t`` (a step's time, its verify) go with the step line of the same ``step``, else the line before."""
     windows: dict[str, list[tuple[float, float]]] = {}
     for run in (run for run in runs if run.get("started_at")):
         windows.setdefault(run["workload"], []).append((run["started_at"], run["ended_at"]))
     step_times, last_t = {}, -math.inf  # a step's time; the time of the line before
-    chosen: dict[str, list[str]] = {name: [] for name in windows}
-    modes: dict[str, dict[str, int]] = {name: {} for name in windows}
+    chosen, modes = {name: [] for name in windows}, {name: {} for name in windows}  # lines; step lines by mode
     for text in trace.read_text().splitlines() if trace.exists() else []:
         try:
             line = json.loads(text)
@@ -100,7 +99,8 @@ def split_trace(trace: Path, runs: list[dict], out_dir: Path, prefix: str) -> No
         last_t = t = line.get("t", step_times.get(line.get("step"), last_t))
         if line.get("k") == "step":
             step_times[line.get("step")] = t
-        for name in (name for name, spans in windows.items() if any(start <= t <= end for start, end in spans)):
+        for name in (name for name, spans in windows.items()
+                     if line.get("k") == "config" or any(start <= t <= end for start, end in spans)):
             chosen[name].append(text)
             if line.get("k") == "step":
                 modes[name][str(line.get("mode"))] = modes[name].get(str(line.get("mode")), 0) + 1
