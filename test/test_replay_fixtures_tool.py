@@ -36,3 +36,14 @@ def test_a_folder_without_loads_is_refused(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         load_tool().main(["--traces", str(tmp_path)])
     assert "no loads in" in capsys.readouterr().err
+
+
+def test_whole_replays_each_trace_as_one_load(tmp_path, capsys) -> None:
+    fixture = ROOT / "test" / "data" / "traces" / "h200-dummy8b-fa3-traffic-c"
+    for suffix in (".json", ".jsonl.xz"):
+        (tmp_path / f"{fixture.name}{suffix}").symlink_to(f"{fixture}{suffix}")
+    assert load_tool().main(["--traces", str(tmp_path), "--whole"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| h200")] == [
+        "h200-dummy8b-fa3-traffic-c:all"]
+    assert "| mean of 1 |" in out

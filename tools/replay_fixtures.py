@@ -1,9 +1,11 @@
 """The automatic policy replayed on every load of the committed decode-step traces
 (``test/data/traces/``, each load costed by its whole trace's fit, as the replay tests do), with
 the exploration budget at each share given: how far below the oracle's mode choices it comes,
-per load, then the mean and the worst. CPU only.
+per load, then the mean and the worst. With ``--whole``, each trace replays as its server ran
+it: one policy over all its loads in order, so what the policy carries from one load into the
+next (its exploration budget, its fits, its acceptance means) counts. CPU only.
 
-    python3 tools/replay_fixtures.py --shares 0.01,0.02,0.04
+    python3 tools/replay_fixtures.py --shares 0.01,0.02,0.04 [--whole]
 """
 
 from __future__ import annotations
@@ -25,14 +27,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--shares", default=str(throughput.EXPLORATION_SHARE),
                         help="exploration shares of decode time, comma-separated")
     parser.add_argument("--traces", type=Path, default=TRACES)
+    parser.add_argument("--whole", action="store_true", help="one load per trace: all its loads in order")
     args = parser.parse_args(argv)
     shares = [float(x) for x in args.shares.split(",")]
     loads = []
     for path in sorted(args.traces.glob("*.jsonl.xz")):
         steps, meta = load_recorded(path)
         world = recorded_world(steps, meta)
+        parts = sorted((first, end, name) for name, (first, end) in meta.get("segments", {}).items())
+        if args.whole and parts:
+            parts = [(parts[0][0], parts[-1][1], "all")]
         loads += [(f"{path.name.split('.jsonl')[0]}:{name}", meta, world.part(first, end))
-                  for name, (first, end) in meta.get("segments", {}).items()]
+                  for first, end, name in parts]
     if not loads:
         parser.error(f"no loads in {args.traces}: a trace needs a sidecar <name>.json with 'segments'")
     print("| load | " + " | ".join(f"share {s:g}" for s in shares) + " |")

@@ -19,7 +19,8 @@ Each decode step (names as in ``step_model``):
    nothing now. A noise-free crossing therefore costs at most twice the best switch schedule's
    loss (the ski-rental bound), with no step counts to tune.
 4. **Exploration from an explicit budget.** Every decode step adds ``exploration_share`` (1%) of its
-   predicted time to a budget (capped at ``EXPLORATION_CAP_PROBES`` probes' worth). The other
+   predicted time to a budget, which holds at most ``EXPLORATION_CAP_PROBES`` of the probes it pays
+   for (near a tie a probe is predicted to lose little: dozens of them fit two at full step time). The other
    mode is measured for ``PROBE_STEPS`` steps when the budget covers the probe's predicted
    loss plus its catch-up, and the other mode could win at its best (speculation at full
    acceptance, a step at its graph-replay time): so a stale acceptance or an uncalibrated cost
@@ -38,8 +39,7 @@ from typing import Deque, Dict, List, Mapping, Optional, Sequence
 
 from sglang_dynamic_eagle.policy.acceptance import Acceptance
 from sglang_dynamic_eagle.policy.step_model import CatchupCost, ModeCost
-from sglang_dynamic_eagle.policy.types import (DecodeMode, ReportValue, StepObservation,
-                                               check_int_at_least)
+from sglang_dynamic_eagle.policy.types import DecodeMode, ReportValue, StepObservation, check_int_at_least
 
 # At most this share of decode time goes to measuring the mode the policy would not pick.
 EXPLORATION_SHARE = 0.01
@@ -231,8 +231,8 @@ class ThroughputPolicy:
         if self._loss_ms > switch_cost:
             return _OTHER[current], "predicted gain"
         probe = self._probe_cost(obs, projected, kv, t_plain, y_plain, t_spec, y_spec)
-        if probe is not None and probe <= self._budget_ms:
-            self._budget_ms -= probe
+        if probe is not None and probe <= self._budget_ms:  # saved for two such probes at most
+            self._budget_ms = min(self._budget_ms, EXPLORATION_CAP_PROBES * probe) - probe
             self._probe_left = PROBE_STEPS - 1
             self.probes += 1
             return _OTHER[current], "probe"
