@@ -14,9 +14,9 @@ request's first ``REQUEST_PRIOR_VERIFIES`` verifies count. Averaged over all ver
 a request weighs by how many steps it runs, and one that accepts little runs longest: with
 half the requests at 1.3 and half at 4.0 that mean is 1.96 (the harmonic mean), not 2.65, and
 the running batch is mostly the slow half. A new request priced at it (and at the recent mean of
-those survivors, 1.3-1.4) looked like them, and a server at 5 requests/s of that mixture
-decoded plainly on 55% of its steps where speculation yielded 1.1-1.4x the tokens per second
-(an H100, 2026-12-05).
+those survivors, 1.3-1.4) looked like them: a server at 5 requests/s of that mixture decoded
+plainly on 55% of its steps while its speculative steps served more tokens per second at the
+same batch sizes (an H100, 2026-12-05).
 """
 
 from __future__ import annotations
