@@ -143,3 +143,22 @@ def test_the_command_line(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["trace", str(tmp_path / "other.jsonl")])
     assert "no decode steps in the trace" in capsys.readouterr().err
+
+
+def test_tokens_per_verified_request_over_all_verifies_and_over_first_ones(tmp_path) -> None:
+    """Over all verifies, and over each request's first ones where the verify lines carry them
+    (what a request without verifies is priced at), within a span too; older traces: the first."""
+    path = tmp_path / "trace.jsonl"
+    text = trace_text([(0.0, "speculative", 2, 8.0, 8), (1.0, "speculative", 2, 8.0, 3),
+                       (2.0, "speculative", 2, 8.0, 3)])
+    path.write_text(text)
+    assert "Tokens per verified request: 2.33 over 6 verifies\n" in render(path, replay=False)
+    firsts = {1: (2, 8), 2: (1, 1)}  # step 1: both requests new (4.0 each); step 2: one, 1.0
+    lines = [json.loads(line) for line in text.splitlines()]
+    for line in lines:
+        if line["k"] == "verify" and line["step"] in firsts:
+            line["first_requests"], line["first_tokens"] = firsts[line["step"]]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert ("Tokens per verified request: 2.33 over 6 verifies; 3.00 over each request's first (3: what a"
+            in render(path, replay=False))
+    assert "1.50 over 2 verifies; 1.00 over each request's first (1:" in render(path, replay=False, span=(0.5, 1.5))

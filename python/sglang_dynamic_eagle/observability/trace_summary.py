@@ -13,7 +13,9 @@ the GPU, or a batch range never measured shows at a glance. With the trace's con
 line, the policy is replayed on the trace against the best mode choice knowing both modes'
 costs (``policy.replay``): how far below it the policy's choices are, and speculating always or
 never for comparison. Prefill batches (``prefill`` lines, absent from older traces) are summed
-per prompt-token range: the target's and the draft's GPU time apart.
+per prompt-token range: the target's and the draft's GPU time apart. The verifies' tokens per
+request, over all of them and over each request's first ones (newer traces): far apart, the
+requests accept differently and the slow ones hold the batch.
 """
 
 from __future__ import annotations
@@ -119,6 +121,25 @@ def prefill_rows(records: Sequence[dict], origin: float,
             for (_, label), chosen in sorted(groups.items())]
 
 
+def acceptance_line(records: Sequence[dict], origin: float,
+                    span: Optional[Tuple[float, float]] = None) -> Optional[str]:
+    """Tokens per verified request over the verifies (of the steps in the span), and over each
+    request's first ones where the trace has them: what a request without verifies is priced at
+    (``policy/acceptance.py``). Apart, they show requests that accept differently."""
+    steps = {r["step"] for r in records if r.get("k") == "step"
+             and (span is None or span[0] <= r["t"] - origin <= span[1])}
+    verifies = [r for r in records if r.get("k") == "verify" and r["step"] in steps]
+    count = sum(r["requests"] for r in verifies)
+    if not count:
+        return None
+    line = f"Tokens per verified request: {sum(r['tokens'] for r in verifies) / count:.2f} over {count} verifies"
+    first = sum(r.get("first_requests", 0) for r in verifies)
+    if first:
+        line += (f"; {sum(r.get('first_tokens', 0) for r in verifies) / first:.2f} over each request's first "
+                 f"({first}: what a request without verifies is priced at)")
+    return line
+
+
 def render(path: Path, windows: int = 1, replay: bool = True,
            span: Optional[Tuple[float, float]] = None) -> str:
     path = Path(path)
@@ -130,13 +151,16 @@ def render(path: Path, windows: int = 1, replay: bool = True,
     lines = [f"Decode steps of {path}:", "", "| " + " | ".join(columns) + " |",
              "|" + " --- |" * len(columns)]
     lines += ["| " + " | ".join("-" if row[c] is None else str(row[c]) for c in columns) + " |" for row in rows]
-    prefills = prefill_rows([json.loads(line) for line in text.splitlines() if line.strip()],
-                            steps[0].t, span)
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    prefills = prefill_rows(records, steps[0].t, span)
     if prefills:
         keys = ("tokens", "batches", "target_ms", "draft_ms", "draft_share")
         lines += ["", "Prefill batches (GPU time, median ms; the draft's total over the target's):", "",
                   "| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
         lines += ["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in prefills]
+    acceptance = acceptance_line(records, steps[0].t, span)
+    if acceptance:
+        lines += ["", acceptance]
     regrets = replay_regrets(Path(path), span) if replay else None
     if regrets is not None:
         lines += ["", "Replayed below the best mode choice per step: " + ", ".join(
