@@ -194,8 +194,7 @@ class ThroughputPolicy:
         r_spec = y_spec / t_spec if t_spec else 0.0
         current = self._mode
         t_current = t_plain if current is DecodeMode.PLAIN else t_spec
-        self._budget_ms = min(self._budget_ms + self.config.exploration_share * (t_current or 0.0),
-                              self._budget_cap(t_plain, t_spec))
+        self._budget_ms += self.config.exploration_share * (t_current or 0.0)
 
         spec_bucket = self.costs[DecodeMode.SPECULATIVE].bucket_of(b)
         if b == 0 or b > self.config.max_speculative_batch or spec_bucket is None:
@@ -261,11 +260,6 @@ class ThroughputPolicy:
 
     def _catchup_ms(self, batch_size: int) -> float:
         return self.catchup.predict(self.config.catchup_tokens(batch_size, self._plain_run))
-
-    def _budget_cap(self, t_plain: Optional[float], t_spec: Optional[float]) -> float:
-        step = max(t_plain or 0.0, t_spec or 0.0)
-        return EXPLORATION_CAP_PROBES * (PROBE_STEPS * step + self.catchup.predict(
-            self.config.catchup_tokens(self.config.max_speculative_batch, PROBE_STEPS)))
 
     def _record(self, obs, projected, mode, reason, r_plain, r_spec, predicted) -> None:
         if mode is not self._mode:
