@@ -125,12 +125,12 @@ class GpuCosts:
 # The same server on triton attention, fitted to timed steps of the committed Poisson trace: a
 # speculative step is its graph's replay (5.6 ms) plus 2.4 ms and 0.31 ms per request of host
 # work (tree building and verify per request) the replay leaves out.
-# One H100 80GB HBM3 (fa3, sglang's defaults), fitted to the timed steps of the two 2026-12-05 runs
-# (benchmark/results/2026-12-05-h100-dummy8b-three-servers-mixture-prior: 1,238 plain, 17,663
-# speculative) with the KV read at its bytes over the H100's 3.35 TB/s.
 COSTS = {"fa3": GpuCosts(),
          "triton": GpuCosts(plain_fixed_ms=5.2, plain_per_request_ms=0.016, spec_fixed_ms=8.0,
                             spec_per_request_ms=0.31, spec_replay_ms=5.6),
+         # One H100 80GB HBM3 (fa3, sglang's defaults), fitted to the timed steps of the two
+         # 2026-12-05 runs (benchmark/results/2026-12-05-h100-dummy8b-three-servers-mixture-prior:
+         # 1,238 plain, 17,663 speculative), the KV read at its bytes over the H100's 3.35 TB/s.
          "h100-fa3": GpuCosts(plain_fixed_ms=6.64, plain_per_request_ms=0.011, spec_fixed_ms=7.82,
                               spec_per_request_ms=0.048, bandwidth_gbps=3350.0)}
 

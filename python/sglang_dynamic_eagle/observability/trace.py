@@ -35,7 +35,7 @@ import json
 import time
 from typing import Any, Optional, Sequence, Tuple
 
-from sglang_dynamic_eagle.policy.acceptance import REQUEST_PRIOR_VERIFIES
+from sglang_dynamic_eagle.policy.acceptance import first_verifies
 
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # one encoder (json.dumps builds one a call)
@@ -70,8 +70,7 @@ class StepTrace:
                "tokens": sum(correct_drafts_per_req) + len(correct_drafts_per_req),
                "requests": len(correct_drafts_per_req)}
         if prior_verifies is not None:  # the requests the server means take (policy/acceptance.py)
-            first = [d for d, n in zip(correct_drafts_per_req, prior_verifies)
-                     if n < REQUEST_PRIOR_VERIFIES]
+            first = first_verifies(correct_drafts_per_req, prior_verifies)
             row["first_requests"], row["first_tokens"] = len(first), sum(first) + len(first)
         self._write(row)
 

@@ -37,6 +37,12 @@ ACCEPTANCE_WINDOW_STEPS = 16
 ACCEPTANCE_LONG_RUN_VERIFIES = 1024
 
 
+def first_verifies(correct_drafts_per_req: Sequence[int], prior_verifies: Sequence[int]) -> list:
+    """The accepted drafts of the requests among their first ``REQUEST_PRIOR_VERIFIES`` verifies:
+    what the server means take (module docstring)."""
+    return [d for d, n in zip(correct_drafts_per_req, prior_verifies) if n < REQUEST_PRIOR_VERIFIES]
+
+
 class Acceptance:
     """Acceptance lengths (tokens per verify per request, bonus included)."""
 
@@ -73,8 +79,7 @@ class Acceptance:
         ``prior_verifies``, each request's verifies before this one where known: the server
         means then take only each request's first ``REQUEST_PRIOR_VERIFIES`` (module docstring)."""
         if prior_verifies is not None and len(prior_verifies) == len(correct_drafts_per_req):
-            correct_drafts_per_req = [d for d, n in zip(correct_drafts_per_req, prior_verifies)
-                                      if n < REQUEST_PRIOR_VERIFIES]
+            correct_drafts_per_req = first_verifies(correct_drafts_per_req, prior_verifies)
         if not correct_drafts_per_req:
             return
         count = len(correct_drafts_per_req)
