@@ -162,3 +162,39 @@ def test_tokens_per_verified_request_over_all_verifies_and_over_first_ones(tmp_p
     assert ("Tokens per verified request: 2.33 over 6 verifies; 3.00 over each request's first (3: what a"
             in render(path, replay=False))
     assert "1.50 over 2 verifies; 1.00 over each request's first (1:" in render(path, replay=False, span=(0.5, 1.5))
+
+
+def test_a_trace_without_timed_plain_steps_is_summarised_and_says_why_it_is_not_replayed(tmp_path, capsys) -> None:
+    """A server that only speculated (every load where speculation paid) wrote a trace the
+    command could not read: the replay's error ended it. Now the rest prints and the replay
+    line says why it is missing."""
+    path = tmp_path / "trace.jsonl"
+    config = (TRACES / "h100-dummy8b-fa3-closed-acc1.6.json").read_text()
+    path.write_text(json.dumps({"k": "config", **json.loads(config)}) + "\n"
+                    + trace_text([(0.1 * i, "speculative", 4, 8.0, 10) for i in range(20)]))
+    assert main(["trace", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| 0 | speculative | 1-8 | 20 | 20 | 8.0 | 1250 |" in out
+    assert "Not replayed: the trace has no timed plain step" in out
+
+
+def test_catch_ups_and_host_stalls_are_listed(tmp_path) -> None:
+    """A speculative step whose host time is 112 ms among 6 ms ones (an H100's first load,
+    2026-12-05) is a stall; one at 3x its mode's median is not. Catch-ups: count, tokens,
+    median and longest GPU time."""
+    path = tmp_path / "trace.jsonl"
+    steps = [(0.1 * i, "speculative", 43, 9.0, 120) for i in range(30)]
+
+    def host(stalled_us):
+        return lambda n: (300, stalled_us if n == 12 else 6000 + 10 * n)
+
+    lines = [json.dumps({"k": "catchup", "t": 0.5, "tokens": 128, "ms": 44.7}),
+             json.dumps({"k": "catchup", "t": 1.5, "tokens": 3, "ms": 0.59}),
+             json.dumps({"k": "catchup", "t": 2.5, "tokens": 4, "ms": 0.58})]
+    path.write_text(trace_text(steps, host(112000)) + "\n".join(lines) + "\n")
+    out = render(path, replay=False)
+    assert "Catch-ups: 3, 135 tokens, median 0.59 ms, longest 44.7 ms (128 tokens)" in out
+    assert "over 10x its mode's median): 1, the longest 112.0 ms at step 12 (speculative, 43 requests, 1.1 s in)" in out
+    path.write_text(trace_text(steps, host(18000)))
+    out = render(path, replay=False)
+    assert "over 10x its mode's median): none" in out and "Catch-ups" not in out

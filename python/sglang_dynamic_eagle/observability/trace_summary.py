@@ -15,7 +15,10 @@ costs (``policy.replay``): how far below it the policy's choices are, and specul
 never for comparison. Prefill batches (``prefill`` lines, absent from older traces) are summed
 per prompt-token range: the target's and the draft's GPU time apart. The verifies' tokens per
 request, over all of them and over each request's first ones (newer traces): far apart, the
-requests accept differently and the slow ones hold the batch.
+requests accept differently and the slow ones hold the batch. Catch-ups (their GPU time: one
+that compiles at a new shape stands out) and host stalls (a step whose host time is many times
+its mode's median: a compile, a garbage collection) are listed. A span where one mode never ran
+a timed step is not replayed (a replay costs both modes from the trace's own steps); it says so.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from sglang_dynamic_eagle.policy.replay import (TraceStep, load_recorded, load_t
 BATCH_RANGES: Tuple[Tuple[int, Optional[int]], ...] = ((1, 8), (9, 32), (33, 128), (129, 256), (257, None))
 PREFILL_RANGES: Tuple[Tuple[int, Optional[int]], ...] = ((1, 256), (257, 1024), (1025, 4096), (4097, None))
 REPLAY_WINDOW = 256  # catch-up window of the replay (the server's default)
+# A step's host time over this many times its mode's median is a stall (launches vary by a
+# few times with the batch; a compile or a collection takes tens of milliseconds).
+HOST_STALL_FACTOR = 10.0
 
 
 def _range_of(value: int, ranges=BATCH_RANGES) -> Tuple[int, str]:
@@ -140,6 +146,43 @@ def acceptance_line(records: Sequence[dict], origin: float,
     return line
 
 
+def _in_span(t: float, origin: float, span: Optional[Tuple[float, float]]) -> bool:
+    return span is None or span[0] <= t - origin <= span[1]
+
+
+def catchup_line(records: Sequence[dict], origin: float,
+                 span: Optional[Tuple[float, float]] = None) -> Optional[str]:
+    """The catch-ups' count, tokens and GPU milliseconds (median, longest)."""
+    chosen = [r for r in records if r.get("k") == "catchup" and _in_span(r["t"], origin, span)]
+    if not chosen:
+        return None
+    longest = max(chosen, key=lambda r: r["ms"])
+    return (f"Catch-ups: {len(chosen)}, {sum(r['tokens'] for r in chosen):,} tokens, median "
+            f"{statistics.median(r['ms'] for r in chosen):.2f} ms, longest {longest['ms']:.1f} ms "
+            f"({longest['tokens']:,} tokens)")
+
+
+def stall_line(records: Sequence[dict], origin: float,
+               span: Optional[Tuple[float, float]] = None) -> Optional[str]:
+    """Decode steps whose host time (the mode's step call) exceeds ``HOST_STALL_FACTOR`` times
+    the median of that mode's steps: how many, and the longest with its step, mode and batch."""
+    steps = {r["step"]: r for r in records if r.get("k") == "step" and _in_span(r["t"], origin, span)}
+    hosts = [(r["step_us"], steps[r["step"]]) for r in records if r.get("k") == "host" and r["step"] in steps]
+    if not hosts:
+        return None
+    stalls = []
+    for mode in {step["mode"] for _, step in hosts}:
+        times = [(us, step) for us, step in hosts if step["mode"] == mode]
+        median = statistics.median(us for us, _ in times)
+        stalls += [(us, step) for us, step in times if us > HOST_STALL_FACTOR * median]
+    if not stalls:
+        return f"Host stalls (a step's host time over {HOST_STALL_FACTOR:g}x its mode's median): none"
+    us, step = max(stalls, key=lambda x: x[0])
+    return (f"Host stalls (a step's host time over {HOST_STALL_FACTOR:g}x its mode's median): {len(stalls)}, "
+            f"the longest {us / 1000:.1f} ms at step {step['step']} ({step['mode']}, {step['b']} requests, "
+            f"{step['t'] - origin:.1f} s in)")
+
+
 def render(path: Path, windows: int = 1, replay: bool = True,
            span: Optional[Tuple[float, float]] = None) -> str:
     path = Path(path)
@@ -158,10 +201,15 @@ def render(path: Path, windows: int = 1, replay: bool = True,
         lines += ["", "Prefill batches (GPU time, median ms; the draft's total over the target's):", "",
                   "| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
         lines += ["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in prefills]
-    acceptance = acceptance_line(records, steps[0].t, span)
-    if acceptance:
-        lines += ["", acceptance]
-    regrets = replay_regrets(Path(path), span) if replay else None
+    for line in (acceptance_line(records, steps[0].t, span), catchup_line(records, steps[0].t, span),
+                 stall_line(records, steps[0].t, span)):
+        if line:
+            lines += ["", line]
+    try:
+        regrets = replay_regrets(Path(path), span) if replay else None
+    except ValueError as error:  # one mode never timed in the trace
+        regrets = None
+        lines += ["", f"Not replayed: {error} (a replay costs both modes from the trace's own steps)"]
     if regrets is not None:
         lines += ["", "Replayed below the best mode choice per step: " + ", ".join(
             f"{name} {100 * value:.1f}%" for name, value in regrets.items())]
