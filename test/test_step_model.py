@@ -98,14 +98,22 @@ def test_one_unlucky_verify_does_not_set_the_acceptance() -> None:
 
 def _prior_is(estimator: str):
     """The acceptance estimator whose verified requests shrink towards ``estimator``: "others"
-    (the server mean without the request's own share: the policy's), "recent" (the server mean,
-    the request's first verifies counted twice) or "long-run" (the long-run mean alone)."""
-    from sglang_dynamic_eagle.policy.acceptance import Acceptance
+    (the server mean with the request's own first verifies taken out: the policy's), "recent"
+    (the server mean, its first verifies counted twice), "weight" (the recent evidence weighed
+    less by the request's share, its mean unchanged) or "long-run" (the long-run mean alone)."""
+    from sglang_dynamic_eagle.policy.acceptance import REQUEST_PRIOR_VERIFIES as K, Acceptance
 
     class Shrunk(Acceptance):
-        def _prior_without(self, verifies):
-            return {"others": lambda: Acceptance._prior_without(self, verifies),
-                    "recent": lambda: self.server_mean, "long-run": lambda: self.long_run_mean}[estimator]()
+        def _verified_prior(self):
+            recent, n = self._sums[0]
+
+            def weight(verifies, tokens):
+                others = max(0.0, n - min(verifies, K)) / n
+                return (others * recent + K * self.long_run_mean) / (others * n + K)
+
+            return {"others": Acceptance._verified_prior(self), "weight": weight,
+                    "recent": lambda verifies, tokens: self.server_mean,
+                    "long-run": lambda verifies, tokens: self.long_run_mean}[estimator]
 
     return Shrunk(max_acceptance=4.0)
 
@@ -132,6 +140,27 @@ def test_a_lone_requests_unlucky_stretch_is_not_counted_twice() -> None:
     left out of the recent mean it reads 1.77, as shrunk towards the long-run mean."""
     assert _lone_request_after_an_unlucky_stretch("others") >= 1.7
     assert _lone_request_after_an_unlucky_stretch("recent") < 1.6  # counted twice
+
+
+def _two_requests_apart(estimator: str) -> float:
+    """Tokens per verify expected of the request accepting 1.0 in a batch of two, the other at
+    3.0, each verified four times, long after 400 earlier requests' first verifies at 2.5."""
+    acceptance = _prior_is(estimator)
+    for step in range(1, 401):
+        acceptance.add_verify([1 if step % 2 else 2], decode_step=step, prior_verifies=[0])  # 2.5 a verify
+    for n in range(4):
+        acceptance.add_verify([0, 2], decode_step=2000 + n, prior_verifies=[n, n])
+    return acceptance.batch_tokens(2, [4, 4], [4.0, 12.0]) - acceptance.batch_tokens(1, [4], [12.0])
+
+
+def test_a_request_is_not_priced_at_its_own_first_verifies() -> None:
+    """Two requests running, one accepting 1.0 and one 3.0: the recent mean holds both, 2.0.
+    The first one's prior is the other's level shrunk towards the long-run mean, and it reads
+    1.91 after four verifies (1.875 with its share taken out exactly; its four verifies count in
+    full though they have decayed a little); weighing the recent evidence less but keeping its
+    mean, which holds the request itself, it reads 1.64."""
+    assert _two_requests_apart("others") == pytest.approx(1.9, abs=0.04)
+    assert _two_requests_apart("weight") < 1.7
 
 
 def _after_a_change_of_task_mix(estimator: str) -> float:

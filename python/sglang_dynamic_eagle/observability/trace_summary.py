@@ -17,8 +17,9 @@ per prompt-token range: the target's and the draft's GPU time apart. The verifie
 request, over all of them and over each request's first ones (newer traces): far apart, the
 requests accept differently and the slow ones hold the batch. Catch-ups (their GPU time: one
 that compiles at a new shape stands out) and host stalls (a step whose host time is many times
-its mode's median: a compile, a garbage collection) are listed. A span where one mode never ran
-a timed step is not replayed (a replay costs both modes from the trace's own steps); it says so.
+its mode's median: a compile, a garbage collection) are listed. A trace in which one mode never
+ran a timed step is not replayed (a replay costs both modes from the whole trace's own steps);
+it says so.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ def stall_line(records: Sequence[dict], origin: float,
     for mode in {step["mode"] for _, step in hosts}:
         times = [(us, step) for us, step in hosts if step["mode"] == mode]
         median = statistics.median(us for us, _ in times)
-        stalls += [(us, step) for us, step in times if us > HOST_STALL_FACTOR * median]
+        stalls += [(us, step) for us, step in times if median > 0 and us > HOST_STALL_FACTOR * median]
     if not stalls:
         return f"Host stalls (a step's host time over {HOST_STALL_FACTOR:g}x its mode's median): none"
     us, step = max(stalls, key=lambda x: x[0])
@@ -205,11 +206,11 @@ def render(path: Path, windows: int = 1, replay: bool = True,
                  stall_line(records, steps[0].t, span)):
         if line:
             lines += ["", line]
-    try:
-        regrets = replay_regrets(Path(path), span) if replay else None
-    except ValueError as error:  # one mode never timed in the trace
-        regrets = None
-        lines += ["", f"Not replayed: {error} (a replay costs both modes from the trace's own steps)"]
+    unmeasured = [m.value for m in DecodeMode if not any(s.mode is m and s.ms for s in steps)]
+    if replay and unmeasured:
+        lines += ["", f"Not replayed: the trace has no timed {unmeasured[0]} step (a replay costs both "
+                      "modes from the trace's own steps)"]
+    regrets = replay_regrets(Path(path), span) if replay and not unmeasured else None
     if regrets is not None:
         lines += ["", "Replayed below the best mode choice per step: " + ", ".join(
             f"{name} {100 * value:.1f}%" for name, value in regrets.items())]

@@ -5,9 +5,9 @@ A request's expected acceptance is its own mean over its verifies, shrunk by
 ``REQUEST_PRIOR_VERIFIES`` pseudo-verifies towards what the other requests accept now. A request
 not yet verified gets the server-wide mean: the recent mean shrunk towards the long-run one
 (itself shrunk towards the full acceptance), which follows a change of task mix within steps.
-A verified request's prior is the same with its own share of the recent mean left out (its first
-verifies are in it; at one running request they are all of it): counted twice, an unlucky
-stretch would read as its level. Shrunk towards the long-run mean instead, requests verified a
+A verified request's prior is the same with its own first verifies taken out of the recent mean
+(they are in it; at one running request they are all of it): counted twice, an unlucky stretch
+would read as its level. Shrunk towards the long-run mean instead, requests verified a
 few times after the task mix changed read as the old mix: at a closed loop of 128 requests
 accepting 1.6, after traffic accepting 3.0, they read 1.71, speculation looked even with plain
 decoding where it was 7% slower, and the server decoded 22% of its steps speculatively (0.956x
@@ -26,14 +26,13 @@ same batch sizes (an H100, 2026-12-05).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 REQUEST_PRIOR_VERIFIES = 4.0  # verifies after which a request's own acceptance weighs as the mean
 # The recent acceptance mean forgets by 1 - 1/window per decode step (speculative or not):
 # each step verifies the whole batch, so 16 steps hold hundreds of requests' verifies, and a
-# change of task mix shows in new requests within a fraction of a second. A request already
-# verified shows it in its own verifies (a request accepting 1.0 after 1,000 steps of 24 at 3.0
-# reads 1.56 after 10 verifies, against 1.30 when shrunk towards the recent mean).
+# change of task mix shows in new requests within a fraction of a second, and in verified ones
+# through their prior (the other requests' recent mean) and their own verifies.
 ACCEPTANCE_WINDOW_STEPS = 16
 # The recent mean is shrunk towards the long-run mean (forgetting over this many verify steps:
 # a mostly plain server keeps its evidence), that towards the full acceptance, each by
@@ -78,16 +77,24 @@ class Acceptance:
         recent, recent_n = self._sums[0]
         return (recent + REQUEST_PRIOR_VERIFIES * prior) / (recent_n + REQUEST_PRIOR_VERIFIES)
 
-    def _prior_without(self, verifies: int) -> float:
-        """The server mean with a request of ``verifies`` verifies left out of the recent mean:
-        its first ``REQUEST_PRIOR_VERIFIES`` are in it (at most; fewer where they have decayed),
-        so the recent evidence counts that many verified requests less, at its own mean."""
+    def _verified_prior(self) -> Callable[[int, float], float]:
+        """The prior of a verified request, given its verifies and tokens: the server mean with
+        the request's own first ``REQUEST_PRIOR_VERIFIES`` verifies taken out of the recent sums
+        at its own mean (an upper bound of its share: they decay), what is left of the others
+        kept between 1 and the full acceptance per verify."""
         long_run = self.long_run_mean
+        if long_run is None:
+            return lambda verifies, tokens: self.max_acceptance
         recent, recent_n = self._sums[0]
-        if long_run is None or recent_n <= 0:
-            return self.max_acceptance if long_run is None else long_run
-        others = max(0.0, recent_n - min(verifies, REQUEST_PRIOR_VERIFIES)) / recent_n
-        return (others * recent + REQUEST_PRIOR_VERIFIES * long_run) / (others * recent_n + REQUEST_PRIOR_VERIFIES)
+        k, top = REQUEST_PRIOR_VERIFIES, self.max_acceptance
+
+        def prior(verifies: int, tokens: float) -> float:
+            share = min(verifies, k)
+            others_n = max(0.0, recent_n - share)
+            others = min(top * others_n, max(others_n, recent - share * tokens / verifies))
+            return (others + k * long_run) / (others_n + k)
+
+        return prior
 
     def add_verify(self, correct_drafts_per_req: Sequence[int], decode_step: int,
                    prior_verifies: Optional[Sequence[int]] = None) -> None:
@@ -117,8 +124,8 @@ class Acceptance:
         if optimistic or not verifies:
             means = [prior] * batch_size
         else:
-            top = self.max_acceptance
-            means = [min(top, max(1.0, (a + k * self._prior_without(n)) / (n + k))) if n > 0 else prior
+            top, own_prior = self.max_acceptance, self._verified_prior()
+            means = [min(top, max(1.0, (a + k * own_prior(n, a)) / (n + k))) if n > 0 else prior
                      for n, a in zip(verifies[:batch_size], accepted[:batch_size])]
             means += [prior] * (batch_size - len(means))
         if remaining and (len(remaining) < len(means) or min(remaining) < max(means, default=0.0)):
