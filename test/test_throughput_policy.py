@@ -433,6 +433,12 @@ def test_a_traced_step_carries_the_decisions_reason_and_predictions(tmp_path) ->
         assert [(line["why"], line["pp"], line["ps"]) for line in steps] == [
             (d.reason, round(d.plain_tok_per_s), round(d.spec_tok_per_s)) for d in written]
         assert all(line["ps"] > 0 and line["pp"] > 0 for line in steps)
+        # The speculative step's predicted tokens and the chosen mode's predicted milliseconds.
+        assert [(line["ys"], line["pt"]) for line in steps] == [
+            (round(d.spec_tokens, 1), round(d.predicted_ms, 3)) for d in written]
+        assert [line["ps"] for line in steps] == [round(1000 * d.spec_tokens / original.costs[SPEC].predict(
+            min(d.projected_batch, original.max_speculative_batch), d.kv_tokens * min(
+                d.projected_batch, original.max_speculative_batch) / d.batch)) for d in written]
         assert [line.get("pb") for line in steps] == [None, None, 60]  # the queue's batch
         # Read back as the rate expected of the batch that ran: none where a queue set another.
         assert [s.predicted for s in load_recorded(path)[0]] == [

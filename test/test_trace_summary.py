@@ -198,3 +198,27 @@ def test_catch_ups_and_host_stalls_are_listed(tmp_path) -> None:
     path.write_text(trace_text(steps, host(18000)))
     out = render(path, replay=False)
     assert "over 10x its mode's median): none" in out and "Catch-ups" not in out
+
+
+def test_predicted_tokens_and_step_time_of_speculative_steps_apart(tmp_path) -> None:
+    """Closed loop 128 at 1.6 after traffic at 3.0 (an H100, 2026-12-05): the policy predicted
+    11,049 tokens/s of speculation against 10,377 measured, and only a cost model replayed by
+    hand told that the step time was right and the acceptance not. Step lines that carry the
+    prediction's parts ("ys", "pt") say it at once: steps with a queue (predicted at another
+    batch) and plain ones are left out."""
+    path = tmp_path / "trace.jsonl"
+    lines = []
+    for n in range(1, 41):
+        spec, queued = n % 4 != 0, 5 if n == 7 else 0
+        lines += [{"k": "step", "step": n, "t": 0.02 * n, "mode": "speculative" if spec else "plain", "b": 128,
+                   "kv": 90000, "q": queued, "why": "stay", "pp": 11100, "ps": 11050,
+                   "ys": 500.0 if queued else 219.0, "pt": 19.9 if spec else 11.5},
+                  {"k": "time", "step": n, "ms": 19.8 if spec else 11.6}]
+        if spec:
+            lines.append({"k": "verify", "step": n, "tokens": 203, "requests": 128})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert ("Speculative steps without a queue (29 timed, medians): tokens per step predicted 219.0, verified "
+            "203.0 (+7.9%); step time predicted 19.90 ms, measured 19.80 (+0.5%)") in render(path, replay=False)
+    path.write_text("".join(json.dumps({k: v for k, v in line.items() if k not in ("ys", "pt")}) + "\n"
+                            for line in lines))
+    assert "Speculative steps without a queue" not in render(path, replay=False)  # older traces

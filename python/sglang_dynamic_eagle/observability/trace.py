@@ -11,7 +11,10 @@ One JSON object per line, appended as the server runs, joined by step in
   the automatic policy also ``"why"`` (its reason: stay, predicted gain, probe...) and ``"pp"``,
   ``"ps"``: the output tokens per second it predicted for plain and speculative decoding, from
   the acceptance of the requests in the batch, at the batch the load was heading for (``"pb"``,
-  where a queue made it larger than ``"b"``; 0 where a mode's cost was unknown);
+  where a queue made it larger than ``"b"``; 0 where a mode's cost was unknown), ``"ys"``: the
+  tokens it predicted a speculative step to yield there, and ``"pt"``: the milliseconds it
+  predicted for the mode it chose (so a trace tells a misjudged acceptance from a misjudged
+  step time);
 * ``{"k": "time", "step", "ms"}`` when its measured time reaches the policy;
 * ``{"k": "verify", "step", "tokens", "requests"}`` when a speculative step's verify result is
   processed (tokens include the bonus token);
@@ -56,7 +59,9 @@ class StepTrace:
                   "kv": observation.kv_tokens, "q": observation.queued}
         if decision is not None:
             record.update(why=decision.reason, pp=round(decision.plain_tok_per_s),
-                          ps=round(decision.spec_tok_per_s))
+                          ps=round(decision.spec_tok_per_s), ys=round(decision.spec_tokens, 1))
+            if decision.predicted_ms:
+                record["pt"] = round(decision.predicted_ms, 3)
             if decision.projected_batch != observation.batch_size:
                 record["pb"] = decision.projected_batch
         self._write(record)

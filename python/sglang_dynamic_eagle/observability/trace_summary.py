@@ -17,7 +17,9 @@ per prompt-token range: the target's and the draft's GPU time apart. The verifie
 request, over all of them and over each request's first ones (newer traces): far apart, the
 requests accept differently and the slow ones hold the batch. Catch-ups (their GPU time: one
 that compiles at a new shape stands out) and host stalls (a step whose host time is many times
-its mode's median: a compile, a garbage collection) are listed. A trace in which one mode never
+its mode's median: a compile, a garbage collection) are listed, and, where the trace has them,
+the tokens and milliseconds the policy predicted for its speculative steps against the verified
+and measured ones. A trace in which one mode never
 ran a timed step is not replayed (a replay costs both modes from the whole trace's own steps);
 it says so.
 """
@@ -163,6 +165,26 @@ def catchup_line(records: Sequence[dict], origin: float,
             f"({longest['tokens']:,} tokens)")
 
 
+def prediction_line(records: Sequence[dict], origin: float,
+                    span: Optional[Tuple[float, float]] = None) -> Optional[str]:
+    """Speculative steps without a queue (predicted at the batch that ran), timed and verified:
+    the median tokens per step predicted against verified, and step milliseconds predicted
+    against measured, so a misjudged acceptance shows apart from a misjudged step time."""
+    times = {r["step"]: r["ms"] for r in records if r.get("k") == "time"}
+    tokens = {r["step"]: r["tokens"] for r in records if r.get("k") == "verify"}
+    chosen = [r for r in records if r.get("k") == "step" and r["mode"] == "speculative" and not r["q"]
+              and "ys" in r and "pt" in r and r["step"] in times and r["step"] in tokens
+              and _in_span(r["t"], origin, span)]
+    if not chosen:
+        return None
+    median = lambda values: statistics.median(list(values))  # noqa: E731
+    ys, got = median(r["ys"] for r in chosen), median(tokens[r["step"]] for r in chosen)
+    pt, took = median(r["pt"] for r in chosen), median(times[r["step"]] for r in chosen)
+    return (f"Speculative steps without a queue ({len(chosen)} timed, medians): tokens per step predicted "
+            f"{ys:.1f}, verified {got:.1f} ({100 * (ys / got - 1):+.1f}%); step time predicted {pt:.2f} ms, "
+            f"measured {took:.2f} ({100 * (pt / took - 1):+.1f}%)")
+
+
 def stall_line(records: Sequence[dict], origin: float,
                span: Optional[Tuple[float, float]] = None) -> Optional[str]:
     """Decode steps whose host time (the mode's step call) exceeds ``HOST_STALL_FACTOR`` times
@@ -202,8 +224,8 @@ def render(path: Path, windows: int = 1, replay: bool = True,
         lines += ["", "Prefill batches (GPU time, median ms; the draft's total over the target's):", "",
                   "| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
         lines += ["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in prefills]
-    for line in (acceptance_line(records, steps[0].t, span), catchup_line(records, steps[0].t, span),
-                 stall_line(records, steps[0].t, span)):
+    for line in (acceptance_line(records, steps[0].t, span), prediction_line(records, steps[0].t, span),
+                 catchup_line(records, steps[0].t, span), stall_line(records, steps[0].t, span)):
         if line:
             lines += ["", line]
     unmeasured = [m.value for m in DecodeMode if not any(s.mode is m and s.ms for s in steps)]

@@ -82,6 +82,7 @@ class Decision:
     queued: int
     plain_tok_per_s: float
     spec_tok_per_s: float
+    spec_tokens: float  # a speculative step's predicted tokens at the projected batch
     predicted_ms: Optional[float]
     reason: str
     measured_ms: Optional[float] = None
@@ -214,7 +215,7 @@ class ThroughputPolicy:
         else:
             mode, reason = self._switch_or_stay(obs, projected, kv, t_plain, y_plain, t_spec,
                                                 y_spec)
-        self._record(obs, projected, mode, reason, r_plain, r_spec,
+        self._record(obs, projected, mode, reason, r_plain, r_spec, y_spec,
                      t_plain if mode is DecodeMode.PLAIN else t_spec)
         return mode
 
@@ -261,7 +262,7 @@ class ThroughputPolicy:
     def _catchup_ms(self, batch_size: int) -> float:
         return self.catchup.predict(self.config.catchup_tokens(batch_size, self._plain_run))
 
-    def _record(self, obs, projected, mode, reason, r_plain, r_spec, predicted) -> None:
+    def _record(self, obs, projected, mode, reason, r_plain, r_spec, y_spec, predicted) -> None:
         if mode is not self._mode:
             self.switches += 1
             self._loss_ms = 0.0
@@ -271,7 +272,7 @@ class ThroughputPolicy:
         decision = Decision(
             step=obs.step or self._step, mode=mode, batch=obs.batch_size, projected_batch=projected,
             kv_tokens=obs.kv_tokens, queued=obs.queued, plain_tok_per_s=1000 * r_plain,
-            spec_tok_per_s=1000 * r_spec, predicted_ms=predicted, reason=reason)
+            spec_tok_per_s=1000 * r_spec, spec_tokens=y_spec, predicted_ms=predicted, reason=reason)
         self.recent.append(decision)
         self._by_step[decision.step] = decision
         if len(self._by_step) > 4 * RECENT_DECISIONS:  # steps whose time never came back
