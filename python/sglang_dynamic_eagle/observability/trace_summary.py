@@ -19,9 +19,8 @@ requests accept differently and the slow ones hold the batch. Catch-ups (their G
 that compiles at a new shape stands out) and host stalls (a step whose host time is many times
 its mode's median: a compile, a garbage collection) are listed, and, where the trace has them,
 the tokens and milliseconds the policy predicted for its speculative steps against the verified
-and measured ones. A trace in which one mode never
-ran a timed step is not replayed (a replay costs both modes from the whole trace's own steps);
-it says so.
+and measured ones. A trace in which one mode never ran a timed step is not replayed (a replay
+costs both modes from the whole trace's own steps); it says so.
 """
 
 from __future__ import annotations
@@ -130,13 +129,16 @@ def prefill_rows(records: Sequence[dict], origin: float,
             for (_, label), chosen in sorted(groups.items())]
 
 
+def _in_span(t: float, origin: float, span: Optional[Tuple[float, float]]) -> bool:
+    return span is None or span[0] <= t - origin <= span[1]
+
+
 def acceptance_line(records: Sequence[dict], origin: float,
                     span: Optional[Tuple[float, float]] = None) -> Optional[str]:
     """Tokens per verified request over the verifies (of the steps in the span), and over each
     request's first ones where the trace has them: what a request without verifies is priced at
     (``policy/acceptance.py``). Apart, they show requests that accept differently."""
-    steps = {r["step"] for r in records if r.get("k") == "step"
-             and (span is None or span[0] <= r["t"] - origin <= span[1])}
+    steps = {r["step"] for r in records if r.get("k") == "step" and _in_span(r["t"], origin, span)}
     verifies = [r for r in records if r.get("k") == "verify" and r["step"] in steps]
     count = sum(r["requests"] for r in verifies)
     if not count:
@@ -147,10 +149,6 @@ def acceptance_line(records: Sequence[dict], origin: float,
         line += (f"; {sum(r.get('first_tokens', 0) for r in verifies) / first:.2f} over each request's first "
                  f"({first}: what a request without verifies is priced at)")
     return line
-
-
-def _in_span(t: float, origin: float, span: Optional[Tuple[float, float]]) -> bool:
-    return span is None or span[0] <= t - origin <= span[1]
 
 
 def catchup_line(records: Sequence[dict], origin: float,
@@ -177,7 +175,7 @@ def prediction_line(records: Sequence[dict], origin: float,
               and _in_span(r["t"], origin, span)]
     if not chosen:
         return None
-    median = lambda values: statistics.median(list(values))  # noqa: E731
+    median = statistics.median
     ys, got = median(r["ys"] for r in chosen), median(tokens[r["step"]] for r in chosen)
     pt, took = median(r["pt"] for r in chosen), median(times[r["step"]] for r in chosen)
     return (f"Speculative steps without a queue ({len(chosen)} timed, medians): tokens per step predicted "
