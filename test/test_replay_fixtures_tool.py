@@ -47,3 +47,33 @@ def test_whole_replays_each_trace_as_one_load(tmp_path, capsys) -> None:
     assert [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| h200")] == [
         "h200-dummy8b-fa3-traffic-c:all"]
     assert "| mean of 1 |" in out
+
+
+def test_step_times_handed_over_every_eighth_step() -> None:
+    """``feed_every``: a step's time reaches the policy only at every eighth step, and only for
+    the steps ``feedback_lag`` or more before it, as a server hands them over; the default hands
+    each one over on its own."""
+    from sglang_dynamic_eagle.policy import DecodeMode, StepObservation
+    from sglang_dynamic_eagle.policy.replay import World, simulate
+
+    class Recorder:
+        def __init__(self):
+            self.step, self.told = 0, []
+
+        def decide(self, obs: StepObservation) -> DecodeMode:
+            self.step += 1
+            return DecodeMode.PLAIN
+
+        def add_step_time(self, step, mode, batch, kv, ms) -> None:
+            self.told.append((self.step, step))
+
+    import numpy as np
+    n = 24
+    world = World(batch=np.full(n, 4), kv_tokens=np.full(n, 800), queued=np.zeros(n, dtype=int),
+                  plain_ms=np.full(n, 6.0), spec_ms=np.full(n, 9.0), spec_tokens=np.full(n, 8.0),
+                  catchup_fixed_ms=1.0, catchup_per_token_ms=0.0)
+    batched, each = Recorder(), Recorder()
+    simulate(batched, world, 256, feedback_lag=8, feed_every=8)
+    simulate(each, world, 256, feedback_lag=8)
+    assert batched.told == [(16, s) for s in range(1, 9)] + [(24, s) for s in range(9, 17)]
+    assert each.told == [(i + 9, i + 1) for i in range(n - 8)]

@@ -3,9 +3,12 @@
 the exploration budget at each share given: how far below the oracle's mode choices it comes,
 per load, then the mean and the worst. With ``--whole``, each trace replays as its server ran
 it: one policy over all its loads in order, so what the policy carries from one load into the
-next (its exploration budget, its fits, its acceptance means) counts. CPU only.
+next (its exploration budget, its fits, its acceptance means) counts. ``--feedback-lag`` and
+``--feed-every`` set when step times reach the policy: by default 16 steps late, each step (the
+tests' form); a server hands over steps [s - 16, s - 8) at every eighth step s, which is
+``--feedback-lag 8 --feed-every 8``. CPU only.
 
-    python3 tools/replay_fixtures.py --shares 0.01,0.02,0.04 [--whole]
+    python3 tools/replay_fixtures.py --shares 0.01,0.02,0.04 [--whole] [--feedback-lag 8 --feed-every 8]
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from sglang_dynamic_eagle.policy import throughput
-from sglang_dynamic_eagle.policy.replay import (load_recorded, oracle_rate, recorded_world, simulate,
-                                                throughput_policy_for)
+from sglang_dynamic_eagle.policy.replay import (FEEDBACK_LAG_STEPS, load_recorded, oracle_rate, recorded_world,
+                                                simulate, throughput_policy_for)
 
 TRACES = Path(__file__).resolve().parents[1] / "test" / "data" / "traces"
 WINDOW = 256  # the server's catch-up window
@@ -28,6 +31,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="exploration shares of decode time, comma-separated")
     parser.add_argument("--traces", type=Path, default=TRACES)
     parser.add_argument("--whole", action="store_true", help="one load per trace: all its loads in order")
+    parser.add_argument("--feedback-lag", type=int, default=FEEDBACK_LAG_STEPS, help="steps before a time reaches it")
+    parser.add_argument("--feed-every", type=int, default=1, help="steps between hand-overs of step times")
     args = parser.parse_args(argv)
     shares = [float(x) for x in args.shares.split(",")]
     loads = []
@@ -48,7 +53,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         best = oracle_rate(world, WINDOW)
         for share in shares:
             policy = throughput_policy_for({**meta, "exploration_share": share})
-            regrets[share].append(1.0 - simulate(policy, world, WINDOW).rate / best)
+            rate = simulate(policy, world, WINDOW, feedback_lag=args.feedback_lag, feed_every=args.feed_every).rate
+            regrets[share].append(1.0 - rate / best)
         print(f"| {name} | " + " | ".join(f"{100 * regrets[s][-1]:.2f}%" for s in shares) + " |")
     print(f"| mean of {len(loads)} | " + " | ".join(f"{100 * sum(r) / len(r):.2f}%" for r in regrets.values()) + " |")
     print("| worst | " + " | ".join(f"{100 * max(r):.2f}%" for r in regrets.values()) + " |")

@@ -9,7 +9,7 @@ below the graph's start-up timing plus the KV at the bandwidth prior, times the 
 measured / fitted ratio over its nearest timed steps at the same bucket; speculative tokens
 from the nearest verifies. The batch sequence is taken as given (the same approximation for
 the policy and the oracle). :func:`simulate` runs a policy over a world (step times reach it
-``feedback_lag`` steps late): each step stands for one token per request, served by a plain
+``feedback_lag`` steps late, every ``feed_every`` steps): each step stands for one token per request, served by a plain
 step in its time, by a speculative one in its time x batch / tokens yielded, plus catch-ups.
 :func:`oracle_rate` finds the least time knowing every cost (dynamic programming over mode
 and plain-run length). Regret = 1 - policy rate / oracle rate.
@@ -215,7 +215,7 @@ class ReplayResult:
 
 
 def simulate(policy, world: World, catchup_window: int, catchup_max_tokens: int = 8192,
-             feedback_lag: int = FEEDBACK_LAG_STEPS) -> ReplayResult:
+             feedback_lag: int = FEEDBACK_LAG_STEPS, feed_every: int = 1) -> ReplayResult:
     """Run ``policy`` (a ``DecodePolicy``; fed back step times, verifies and catch-ups where
     it takes them) over ``world``."""
     tokens = ms = 0.0
@@ -249,7 +249,7 @@ def simulate(policy, world: World, catchup_window: int, catchup_max_tokens: int 
         ms += float(served_ms)
         tokens += float(b)
         pending.append((i, getattr(policy, "step", i + 1), mode, b, kv, float(step_ms)))
-        while pending and pending[0][0] <= i - feedback_lag:
+        while pending and pending[0][0] <= i - feedback_lag and (i + 1) % feed_every == 0:
             _, index, m, pb, pkv, pms = pending.pop(0)
             if hasattr(policy, "add_step_time"):
                 policy.add_step_time(index, m, pb, pkv, pms)
