@@ -30,6 +30,7 @@ from sglang_dynamic_eagle.engine.step_costs import (
     replays_whole_graphs,
     time_replays,
 )
+from sglang_dynamic_eagle.sglang_compat.flashinfer_workspace import decode_only_workspace
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -155,7 +156,8 @@ class PlainDecodeGraphs:
         runner = self.model_runner
         saved_flag = runner.init_new_workspace
         try:
-            return runner._get_attention_backend(init_new_workspace=True)
+            with decode_only_workspace():
+                return runner._get_attention_backend(init_new_workspace=True)
         finally:
             runner.init_new_workspace = saved_flag
 

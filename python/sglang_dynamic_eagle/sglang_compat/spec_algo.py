@@ -8,8 +8,9 @@ and only changes what EAGLE3_DYNAMIC does differently at server-argument time:
 * no cap of 48 running requests (plain mode serves as many requests as a
   server without speculation would);
 * the speculative CUDA graphs (target verify, draft, draft extend) are captured
-  only up to ``Config.speculative_graph_max_bs``; the plain-decode graphs built by the
-  worker cover the full ``--cuda-graph-max-bs-decode``.
+  only up to ``Config.speculative_graph_max_bs`` (and, with flashinfer attention, to what its
+  workspace holds: ``flashinfer_workspace``); the plain-decode graphs built by the worker cover
+  the full ``--cuda-graph-max-bs-decode``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sglang_dynamic_eagle.config import load_config
 from sglang_dynamic_eagle.policy import ALGORITHM_NAME
+from sglang_dynamic_eagle.sglang_compat import flashinfer_workspace
 
 if TYPE_CHECKING:
     import torch
@@ -144,6 +146,9 @@ def _limit_speculative_graphs(server_args: ServerArgs) -> None:
     if not decode.bs:
         return
     spec_max_bs = load_config().speculative_graph_max_bs(max(decode.bs))
+    if flashinfer_workspace.uses_flashinfer(server_args):
+        spec_max_bs = flashinfer_workspace.size_workspace(
+            server_args, spec_max_bs, server_args.get_model_config()) or spec_max_bs
     spec_bs = [bs for bs in decode.bs if bs <= spec_max_bs]
     if spec_max_bs not in spec_bs:
         spec_bs.append(spec_max_bs)

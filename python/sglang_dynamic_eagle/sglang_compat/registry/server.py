@@ -218,4 +218,22 @@ SERVER_RELIANCES: Tuple[UpstreamReliance, ...] = (
         kind=BEHAVIOUR,
         code=("sglang.srt.plugins.hook_registry.HookRegistry.apply_hooks",),
     ),
+    UpstreamReliance(
+        target="SGLANG_FLASHINFER_WORKSPACE_SIZE: the size of flashinfer attention's float workspace",
+        how="set in the launcher's environment (which scheduler processes inherit) by "
+        "flashinfer_workspace.size_workspace when the user has not set it and the largest verify "
+        "graph's prefill plan needs more than sglang's 384 MiB; where the user's value or sglang's "
+        "fixed 512 MiB for Qwen2/3 and MiMo is too small, the speculative graphs stop at the batch "
+        "it holds; the plain graphs' own backend is built at 384 MiB (decode_only_workspace)",
+        why="sglang sizes the workspace for stock EAGLE's 48 running requests; at batch 256 and "
+        "4 draft tokens flashinfer asked for 602 MB of split-KV partial outputs and the server "
+        "stopped in graph capture (H100, Llama-8B shape, 2026-12-05)",
+        drop_when="sglang sizes flashinfer's workspace from the graphs it captures",
+        kind=BEHAVIOUR,
+        code=(
+            "sglang.srt.environ.Envs.SGLANG_FLASHINFER_WORKSPACE_SIZE",
+            "sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend.__init__",
+            "sglang.srt.server_args.ServerArgs.get_model_config",
+        ),
+    ),
 )
