@@ -83,3 +83,19 @@ def test_each_completed_batch_goes_to_the_sink_once(events) -> None:
     timer.report()
     assert seen == [(512, 5.0, 5.0), (100, 5.0, 5.0)]
     assert timer.report()["prefill_draft_gpu_ms"] == 10.0
+
+
+def test_a_keyed_batch_hands_its_draft_time_to_the_key_sink(events) -> None:
+    """The timing feed names each prefill it is told of; the draft part reaches it under that
+    name once complete, and an unnamed batch (no feed yet) reaches only the trace's sink."""
+    timer = PrefillTimer()
+    keyed, traced = [], []
+    timer.key_sink = lambda key, ms: keyed.append((key, ms))
+    timer.sink = lambda tokens, target_ms, draft_ms: traced.append(tokens)
+    timer.timed(512, None, lambda publish: publish(None), key=7)  # events at 0, 5, 10 ms
+    timer.timed(100, None, lambda publish: publish(None))  # events at 15, 20, 25 ms
+    for event in events:
+        event.done = True
+    timer.harvest()
+    assert keyed == [(7, 5.0)]
+    assert traced == [512, 100]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sglang_dynamic_eagle.config import Config
-from sglang_dynamic_eagle.engine import startup
+from sglang_dynamic_eagle.engine import startup, step_costs
 from sglang_dynamic_eagle.engine.observations import PolicyFeed
 from sglang_dynamic_eagle.observability.trace import TracedFeed, TracedPolicy
 from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy
@@ -178,7 +178,8 @@ def test_the_worker_takes_every_part_once_its_graphs_are_captured(monkeypatch, t
 
     path = tmp_path / "trace.jsonl"
     feed = TracedFeed(PolicyFeed(object()), StepTrace(str(path))) if trace else object()
-    parts = startup.DecodeParts(*(object() for _ in range(4)), feed, object())
+    timings = step_costs.TimingFeed(list, lambda *args: None, prefill_sink=lambda *args: None)
+    parts = startup.DecodeParts(*(object() for _ in range(4)), feed, timings)
     monkeypatch.setattr(EAGLEWorkerV2, "init_cuda_graphs", lambda self: None)
     monkeypatch.setattr(worker_module, "build_decode_parts", lambda worker, config: parts)
     worker = object.__new__(worker_module.DynamicEagleWorker)
@@ -190,6 +191,7 @@ def test_the_worker_takes_every_part_once_its_graphs_are_captured(monkeypatch, t
                                                parts.plain_step, parts.policy, parts.feed,
                                                parts.timings)
     assert (worker.prefill_timer.sink is not None) is trace
+    assert worker.prefill_timer.key_sink == timings.prefill_timed  # every server's catch-up bound
     if trace:
         worker.prefill_timer.sink(290, 13.4, 3.6)
         line = json.loads(path.read_text().splitlines()[-1])

@@ -150,9 +150,13 @@ class _AllReduceMax:
         return reduce
 
 
-def _run_ranks(timers, steps=24, catchup_ms=None, catchups=None):
+def _run_ranks(timers, steps=24, catchup_ms=None, catchups=None, prefill_ms=None,
+               prefills=None):
     """Ranks in threads; ``catchup_ms[rank](step)``: that rank's GPU time of a catch-up launched
-    at ``step`` (catch-ups at steps 3 and 9, timed one step later, 10 tokens each)."""
+    at ``step`` (catch-ups at steps 3 and 9, timed one step later, 10 tokens each);
+    ``prefill_ms[rank](key)``: that rank's draft time of prefill ``key`` (None: not timed
+    there), prefills of 100 * (key + 1) tokens launched before steps 2, 5, 5 and 21, timed
+    a step later."""
     all_reduce = _AllReduceMax(len(timers))
     received = [[] for _ in timers]
     feeds = []
@@ -160,13 +164,24 @@ def _run_ranks(timers, steps=24, catchup_ms=None, catchups=None):
         feed = step_costs.TimingFeed(
             all_reduce.for_rank(rank), lambda *args, rank=rank: received[rank].append(args),
             feed_steps=4, catchup_sink=None if catchups is None
-            else lambda tokens, ms, rank=rank: catchups[rank].append((tokens, ms)))
+            else lambda tokens, ms, rank=rank: catchups[rank].append((tokens, ms)),
+            prefill_sink=None if prefills is None
+            else lambda tokens, ms, rank=rank: prefills[rank].append((tokens, ms)))
         feed._timer = timer
         feed.rank = rank
         feeds.append(feed)
 
     def run(feed):
+        launched = []
         for step in range(1, steps + 1):
+            for key in launched:
+                ms = prefill_ms[feed.rank](key)
+                if ms is not None:
+                    feed.prefill_timed(key, ms)
+            launched = []
+            if prefill_ms is not None:
+                for _ in range({2: 1, 5: 2, 21: 1}.get(step, 0)):
+                    launched.append(feed.prefill_launched(100 * (feed._prefills + 1)))
             if catchup_ms is not None and step in (3, 9):
                 feed.catchup_launched(step, 10)
             if catchup_ms is not None and step in (4, 10):
@@ -213,6 +228,26 @@ def test_ranks_hand_the_policy_identical_catchup_costs() -> None:
                catchup_ms=[lambda step: 2.0 + step, lambda step: 5.0 - step / 10],
                catchups=catchups)
     assert catchups[0] == catchups[1] == [(10, 5.0), (10, 11.0)]
+
+
+def test_ranks_hand_the_policy_identical_draft_prefill_costs() -> None:
+    """A prefill's draft time differs by rank, and one rank has not timed one of them: every
+    rank hands the policy the same prefills at the slower rank's time, each once, and none
+    launched since the previous hand-over (its events may not have completed on every rank)."""
+    prefills = [[], []]
+    _run_ranks([_FakeTimer(lambda step: 10.0), _FakeTimer(lambda step: 10.0)],
+               prefill_ms=[lambda key: 1.0 + key, lambda key: None if key == 1 else 3.0],
+               prefills=prefills)
+    assert prefills[0] == prefills[1] == [(100, 3.0), (200, 2.0), (300, 3.0)]
+
+
+def test_prefill_keys_are_bounded_without_decode_steps() -> None:
+    """A load of prefills that never decodes (one-token requests) keeps at most PREFILL_KEEP."""
+    feed = step_costs.TimingFeed(list, lambda *args: None, prefill_sink=lambda *args: None)
+    for key in range(3 * step_costs.PREFILL_KEEP):
+        assert feed.prefill_launched(10) == key
+        feed.prefill_timed(key, 1.0)
+    assert len(feed._prefill_tokens) == len(feed._prefill_ms) == step_costs.PREFILL_KEEP
 
 
 def test_a_plain_graph_is_timed_once_right_after_its_capture(monkeypatch) -> None:

@@ -293,3 +293,28 @@ def test_a_new_request_is_priced_at_the_mean_over_requests_not_over_verifies() -
     EAGLE3's (docs/results.md)."""
     assert _new_request_prior(True) == pytest.approx(2.65, abs=0.2)
     assert _new_request_prior(False) < 2.2  # the estimator that weighed requests by their steps
+
+
+# The catch-ups of an H100 server with flashinfer attention before its closed loop of 64
+# (2026-12-05, 8B-shaped pair): the first is left out (a server's first compiles); the 32-token
+# one compiled at a new shape. Then the draft prefills the trace recorded beside them.
+FLASHINFER_CATCHUPS = [(1, 13.89), (2, 2.78), (8, 3.02), (16, 3.76), (32, 24.16)]
+FLASHINFER_DRAFT_PREFILLS = [(566, 3.81), (631, 3.02), (2048, 3.36), (8192, 10.6)]
+
+
+def test_draft_prefill_times_bound_the_catch_up_per_token_cost() -> None:
+    """Four timed catch-ups, one of them a compile, fit 0.74 ms per token: a return to
+    speculation at 64 requests after 128 plain steps (8,192 tokens) would be priced at 6 s and
+    the server decoded plainly for 512 steps where speculation was predicted 23% faster. The
+    draft's prefill is the same extend over a prompt's positions: its ms per token bounds the
+    catch-up's."""
+    unbounded, bounded = CatchupCost(prior_fixed_ms=7.4), CatchupCost(prior_fixed_ms=7.4)
+    for tokens, ms in FLASHINFER_CATCHUPS:
+        unbounded.add(tokens, ms)
+        bounded.add(tokens, ms)
+    for tokens, ms in FLASHINFER_DRAFT_PREFILLS:
+        bounded.add_draft_prefill(tokens, ms)
+    assert unbounded.predict(8192) > 5000.0  # the negative control: the compile sets the slope
+    assert bounded.per_token_bound == pytest.approx(10.6 / 8192)
+    assert bounded.predict(8192) < 25.0  # 8,192 positions took 16.2 ms in the next load
+    assert bounded.predict(64) < 10.0

@@ -5,6 +5,7 @@ within its budget."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, List, Optional, Sequence
@@ -611,3 +612,35 @@ def test_probes_near_a_tie_stay_within_the_exploration_share(monkeypatch) -> Non
     (0.99%; 2.08% before). A budget that saves up for a burst of 40 breaks the bar."""
     assert _near_tie_after_a_clear_stretch() < throughput.EXPLORATION_SHARE + 0.0025
     assert _near_tie_after_a_clear_stretch(monkeypatch, 40.0) > throughput.EXPLORATION_SHARE + 0.0025
+
+
+def test_a_catch_up_that_compiled_does_not_hold_plain_decoding_where_speculation_pays() -> None:
+    """The flashinfer server of the committed fixture, its catch-ups as they came (2, 8, 16 and
+    32 tokens, the last a compile), after a lone request's last token took it to plain: at 64
+    requests accepting 3.0 it returns to speculation within a few steps once the draft's
+    prefill bounds the catch-up's per-token cost; without that bound (the negative control) the
+    return is priced at 47 ms per plain step and it stays plain, as the server did for 512 steps."""
+    from test_step_model import FLASHINFER_CATCHUPS, FLASHINFER_DRAFT_PREFILLS
+
+    meta = json.loads((Path(__file__).parent / "data" / "traces" /
+                       "h100-dummy8b-flashinfer-closed.json").read_text())
+    steps_to_return = {}
+    for bounded in (False, True):
+        policy = throughput_policy_for(meta)
+        for tokens, ms in FLASHINFER_CATCHUPS:
+            policy.add_catchup(tokens, ms)
+        if bounded:
+            for tokens, ms in FLASHINFER_DRAFT_PREFILLS:
+                policy.add_draft_prefill(tokens, ms)
+        for _ in range(20):
+            policy.add_verify([2])
+        assert policy.decide(StepObservation(batch_size=1, kv_tokens=600,
+                                             remaining=(1,))) is DecodeMode.PLAIN
+        steps_to_return[bounded] = None
+        for i in range(300):
+            obs = StepObservation(batch_size=64, kv_tokens=36000 + 64 * i, remaining=(200,) * 64)
+            if policy.decide(obs) is DecodeMode.SPECULATIVE:
+                steps_to_return[bounded] = i + 1
+                break
+    assert steps_to_return[False] is None
+    assert steps_to_return[True] is not None and steps_to_return[True] <= 8

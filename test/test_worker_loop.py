@@ -101,6 +101,8 @@ class FakeTimings:
     interrupts: int = 0
     catchups: List[Tuple[int, int]] = field(default_factory=list)  # (launching step, tokens)
     catchup_times: List[float] = field(default_factory=list)
+    prefills: List[int] = field(default_factory=list)  # tokens, by launch
+    prefill_times: List[Tuple[int, float]] = field(default_factory=list)  # (key, draft ms)
 
     def step_done(self, step: int, mode: DecodeMode, batch_size: int, kv_tokens: int) -> None:
         self.steps.append((step, mode, batch_size, kv_tokens))
@@ -110,6 +112,13 @@ class FakeTimings:
 
     def catchup_timed(self, ms: float) -> None:
         self.catchup_times.append(ms)
+
+    def prefill_launched(self, tokens: int) -> int:
+        self.prefills.append(tokens)
+        return len(self.prefills) - 1
+
+    def prefill_timed(self, key: int, draft_ms: float) -> None:
+        self.prefill_times.append((key, draft_ms))
 
     def interrupt(self) -> None:
         self.interrupts += 1
@@ -143,8 +152,8 @@ class FakePrefillTimer(PrefillTimer):
     def harvest(self) -> None:
         self.calls.append("harvest")
 
-    def start(self, num_tokens: int) -> SimpleNamespace:
-        self.calls.append(f"start {num_tokens}")
+    def start(self, num_tokens: int, key=None) -> SimpleNamespace:
+        self.calls.append(f"start {num_tokens}" + ("" if key is None else f" key {key}"))
         return SimpleNamespace(target_end=None)
 
     def target_done(self, events: SimpleNamespace) -> None:
@@ -346,8 +355,9 @@ def test_a_prefill_is_timed_in_two_parts_and_published_once(worker, scheduler_pu
     published: List[str] = []
     prefill(worker, [1, 2], published.append if scheduler_publishes else None)
     assert worker.prefill_timer.calls == [
-        "harvest", "start 20", "target extend", "target done", "draft extend", "stop"
+        "harvest", "start 20 key 0", "target extend", "target done", "draft extend", "stop"
     ]
+    assert worker._timings.prefills == [20]  # its draft part is keyed for the catch-up bound
     assert published == (["new seq lens"] if scheduler_publishes else [])
     assert worker.counters.speculative_steps == worker.counters.plain_steps == 0
 

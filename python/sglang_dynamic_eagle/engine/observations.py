@@ -139,6 +139,11 @@ class PolicyFeed:
         if self._learner is not None:
             self._learner.add_catchup(tokens, ms)
 
+    def draft_prefill(self, tokens: int, ms: float) -> None:
+        """A prefill's draft extend (GPU ms, the same on every rank): bounds the catch-up's cost."""
+        if self._learner is not None:
+            self._learner.add_draft_prefill(tokens, ms)
+
     def host_time(self, step: int, dispatch_s: float, step_s: float) -> None:
         """A decode step's host seconds (the worker's own work, the mode's step call): not a
         cost the policy models (the timed step holds them); a traced feed records them."""

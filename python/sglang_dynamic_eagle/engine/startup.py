@@ -31,8 +31,6 @@ from sglang_dynamic_eagle.engine.plain_step import PlainDecodeStep
 from sglang_dynamic_eagle.engine.step_costs import (
     TimingFeed,
     calibrate,
-    kv_bytes_per_token,
-    memory_bandwidth_gbps,
     tp_max_reducer,
 )
 from sglang_dynamic_eagle.observability.trace import traced
@@ -79,7 +77,7 @@ def build_decode_parts(worker, config: Config) -> DecodeParts:
     summary = policy_summary(policy)
     policy, feed = traced(policy, PolicyFeed(policy), trace_file(worker, config))
     timings = TimingFeed(tp_max_reducer(target_runner.tp_group), feed.step_time,
-                         catchup_sink=feed.catchup)
+                         catchup_sink=feed.catchup, prefill_sink=feed.draft_prefill)
     logger.info(
         "EAGLE3_DYNAMIC: %s; speculative graphs up to batch %d, plain-decode graphs up "
         "to batch %d; catch-up ring of %d entries (%.0f MiB, at most %d positions per "
@@ -243,3 +241,34 @@ def _priors_of_the_slowest_rank(target_runner, buckets: Dict[DecodeMode, List[in
         if ms > 0:
             identical[mode][bucket] = ms
     return identical, -reduced[-1] * 1e6
+
+
+def memory_bandwidth_gbps(device=None, megabytes: int = 256, repeats: int = 5) -> float:
+    """Device-to-device copy bandwidth (GB/s: bytes read plus written over time), measured once
+    at start-up; the per-KV-token cost prior is the KV bytes of a token over it."""
+    n = megabytes * 2**20
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1000 / repeats
+    del src, dst
+    return 2 * n / seconds / 1e9
+
+
+def kv_bytes_per_token(model_runner) -> float:
+    """Bytes of KV cache one token holds over all layers of ``model_runner``'s pool (0 where
+    the pool does not say; the per-KV-token cost is then learnt from timed steps alone)."""
+    try:
+        pool = model_runner.token_to_kv_pool
+        k_bytes, v_bytes = pool.get_kv_size_bytes()
+        return float(k_bytes + v_bytes) / float(pool.size + pool.page_size)
+    except Exception:  # pools without a KV buffer (mamba, quantised layouts): learn it online
+        logger.info("EAGLE3_DYNAMIC: no KV size from %s; the per-KV-token cost starts at 0.",
+                    type(model_runner).__name__)
+        return 0.0

@@ -17,8 +17,6 @@
 * :class:`GpuIntervals`: start/end event pairs (catch-up forwards), read the same way.
 * :class:`TimingFeed`: hands the policy the timed steps, made identical on every
   tensor-parallel rank by :func:`tp_max_reducer` (MAX on the TP group's CPU group).
-* :func:`memory_bandwidth_gbps`: the device's measured copy bandwidth, for the per-KV-token
-  cost prior.
 """
 
 from __future__ import annotations
@@ -40,6 +38,10 @@ CALIBRATION_REPEATS = 5
 # two all-reduces): at 5-60 ms a step, several times a second. Each hand-over covers the steps
 # [s - 2 * FEED_STEPS, s - FEED_STEPS), whose events completed long ago on every rank.
 FEED_STEPS = 8
+# Prefill batches whose draft time a hand-over can still carry: more than come between two
+# hand-overs at any load (a hand-over every 8 decode steps), few enough to bound a load of
+# prefills that never decodes.
+PREFILL_KEEP = 256
 Reducer = Callable[[List[float]], List[float]]
 
 
@@ -248,15 +250,22 @@ class TimingFeed:
     the times of the steps [s - 2F, s - F) are all-reduced with MAX (a TP step lasts as long as
     its slowest rank; a step untimed on every rank stays out) and handed to ``sink``. Catch-ups
     travel the same way, keyed by the decode step that launched them (their token count is the
-    same on every rank, their GPU time is not), to ``catchup_sink``.
+    same on every rank, their GPU time is not), to ``catchup_sink``; prefills' draft extends,
+    keyed by launch order, to ``prefill_sink`` once launched before the previous hand-over.
     """
 
     def __init__(self, reduce_max: Reducer, sink: Callable[[int, DecodeMode, int, int, float], None],
                  feed_steps: int = FEED_STEPS,
-                 catchup_sink: Optional[Callable[[int, float], None]] = None) -> None:
+                 catchup_sink: Optional[Callable[[int, float], None]] = None,
+                 prefill_sink: Optional[Callable[[int, float], None]] = None) -> None:
         self._reduce_max = reduce_max
         self._sink = sink
         self._catchup_sink = catchup_sink
+        self._prefill_sink = prefill_sink
+        self._prefill_tokens: Dict[int, int] = {}  # launch index -> tokens (same on every rank)
+        self._prefill_ms: Dict[int, float] = {}  # this rank's completed draft-extend times
+        self._prefills = 0  # prefill batches launched
+        self._prefills_due = 0  # launched before the previous hand-over (complete by now)
         self._catchup_tokens: Dict[int, int] = {}  # launching step -> tokens (same on every rank)
         self._catchup_ms: Dict[int, float] = {}  # this rank's completed catch-up times
         self._catchups_in_flight: Deque[int] = deque()
@@ -274,6 +283,23 @@ class TimingFeed:
         self._catchup_tokens[step] = tokens
         self._catchups_in_flight.append(step)
 
+    def prefill_launched(self, tokens: int) -> int:
+        """A prefill batch of ``tokens`` was launched; its key for :meth:`prefill_timed`. Keys
+        older than ``PREFILL_KEEP`` launches are dropped (a load of prefills without decode
+        steps hands nothing over)."""
+        key = self._prefills
+        self._prefills += 1
+        if self._prefill_sink is not None:
+            self._prefill_tokens[key] = tokens
+            for table in (self._prefill_tokens, self._prefill_ms):
+                table.pop(key - PREFILL_KEEP, None)
+        return key
+
+    def prefill_timed(self, key: int, draft_ms: float) -> None:
+        """This rank's GPU time of the draft extend of prefill ``key``."""
+        if key in self._prefill_tokens:
+            self._prefill_ms[key] = draft_ms
+
     def catchup_timed(self, ms: float) -> None:
         """The GPU time of the oldest catch-up in flight: catch-ups complete in launch order,
         and ``DraftCatchup.catch_up`` is the only place that times one."""
@@ -290,46 +316,24 @@ class TimingFeed:
             return
         low, high = step - 2 * self._feed_steps, step - self._feed_steps
         window = range(low, high)
+        due = [k for k in self._prefill_tokens if k < self._prefills_due]
         reduced = self._reduce_max([self._times.get(s, -1.0) for s in window]
-                                   + [self._catchup_ms.get(s, -1.0) for s in window])
+                                   + [self._catchup_ms.get(s, -1.0) for s in window]
+                                   + [self._prefill_ms.get(k, -1.0) for k in due])
         for s, ms in zip(window, reduced[: len(window)]):
             if ms > 0 and s in self._steps:
                 mode_s, batch_s, kv_s = self._steps[s]
                 self._sink(s, mode_s, batch_s, kv_s, ms)
-        for s, ms in zip(window, reduced[len(window):]):
+        for s, ms in zip(window, reduced[len(window): 2 * len(window)]):
             if ms > 0 and s in self._catchup_tokens and self._catchup_sink is not None:
                 self._catchup_sink(self._catchup_tokens[s], ms)
+        for k, ms in zip(due, reduced[2 * len(window):]):
+            if ms > 0:
+                self._prefill_sink(self._prefill_tokens[k], ms)
+            self._prefill_tokens.pop(k)
+            self._prefill_ms.pop(k, None)
+        self._prefills_due = self._prefills
         for table in (self._steps, self._times, self._catchup_tokens, self._catchup_ms):
             for s in [s for s in table if s < high]:
                 del table[s]
 
-
-def memory_bandwidth_gbps(device=None, megabytes: int = 256, repeats: int = 5) -> float:
-    """Device-to-device copy bandwidth (GB/s: bytes read plus written over time), measured once
-    at start-up; the per-KV-token cost prior is the KV bytes of a token over it."""
-    n = megabytes * 2**20
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    seconds = start.elapsed_time(end) / 1000 / repeats
-    del src, dst
-    return 2 * n / seconds / 1e9
-
-
-def kv_bytes_per_token(model_runner) -> float:
-    """Bytes of KV cache one token holds over all layers of ``model_runner``'s pool (0 where
-    the pool does not say; the per-KV-token cost is then learnt from timed steps alone)."""
-    try:
-        pool = model_runner.token_to_kv_pool
-        k_bytes, v_bytes = pool.get_kv_size_bytes()
-        return float(k_bytes + v_bytes) / float(pool.size + pool.page_size)
-    except Exception:  # pools without a KV buffer (mamba, quantised layouts): learn it online
-        logger.info("EAGLE3_DYNAMIC: no KV size from %s; the per-KV-token cost starts at 0.",
-                    type(model_runner).__name__)
-        return 0.0

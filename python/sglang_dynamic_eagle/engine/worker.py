@@ -70,6 +70,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             parts.catchup, parts.plain_graphs, parts.plain_step)
         self._policy, self._feed, self._timings = parts.policy, parts.feed, parts.timings
         self.prefill_timer.sink = getattr(self._feed, "prefill", None)  # traced servers only
+        self.prefill_timer.key_sink = self._timings.prefill_timed
 
     # -- scheduler-facing overrides ---------------------------------------
 
@@ -134,9 +135,11 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         """EAGLE-3's prefill, timed in two parts: sglang's worker publishes between the
         target extend and the draft extend."""
         eagle_forward = super().forward_batch_generation
+        tokens = batch.extend_num_tokens or 0
+        key = self._timings.prefill_launched(tokens) if self._timings is not None else None
         return self.prefill_timer.timed(
-            batch.extend_num_tokens or 0, on_publish,
-            lambda publish: eagle_forward(batch, publish, grammar_barrier))
+            tokens, on_publish, lambda publish: eagle_forward(batch, publish, grammar_barrier),
+            key)
 
     def _decode(self, mode: DecodeMode, batch: ScheduleBatch, on_publish,
                 grammar_barrier) -> Tuple[GenerationBatchResult, float]:

@@ -29,6 +29,7 @@ class PrefillEvents:
     start: torch.cuda.Event
     target_end: Optional[torch.cuda.Event] = None
     end: Optional[torch.cuda.Event] = None
+    key: Optional[int] = None  # the caller's name for the batch (its draft part goes to key_sink)
 
 
 class PrefillTimer:
@@ -43,14 +44,16 @@ class PrefillTimer:
         self.target_ms = 0.0
         self.draft_ms = 0.0
         self.sink: Optional[Callable[[int, float, float], None]] = None
+        # A keyed batch's draft milliseconds, as ``key_sink(key, draft_ms)`` (the timing feed's).
+        self.key_sink: Optional[Callable[[int, float], None]] = None
 
     def timed(self, num_tokens: int, on_publish: Optional[Callable[[Any], None]],
-              forward: Callable[[Callable[[Any], None]], Any]) -> Any:
+              forward: Callable[[Callable[[Any], None]], Any], key: Optional[int] = None) -> Any:
         """``forward(publish)`` for a prefill of ``num_tokens``, timed in two parts: the
         ``publish`` it is given marks the end of the target extend, then calls ``on_publish``
         (the scheduler's, if any)."""
         self.harvest()  # keeps the pending events few without a report reading them
-        events = self.start(num_tokens)
+        events = self.start(num_tokens, key)
 
         def publish(new_seq_lens) -> None:
             self.target_done(events)
@@ -61,8 +64,8 @@ class PrefillTimer:
         self.stop(events)
         return result
 
-    def start(self, num_tokens: int) -> PrefillEvents:
-        return PrefillEvents(num_tokens, _event())
+    def start(self, num_tokens: int, key: Optional[int] = None) -> PrefillEvents:
+        return PrefillEvents(num_tokens, _event(), key=key)
 
     def target_done(self, events: PrefillEvents) -> None:
         events.target_end = _event()
@@ -85,6 +88,8 @@ class PrefillTimer:
             self.draft_ms += draft_ms
             if self.sink is not None:
                 self.sink(events.num_tokens, target_ms, draft_ms)
+            if self.key_sink is not None and events.key is not None:
+                self.key_sink(events.key, draft_ms)
 
     def report(self) -> Dict[str, float]:
         self.harvest()

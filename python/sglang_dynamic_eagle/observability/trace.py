@@ -134,6 +134,9 @@ class TracedFeed:
     def host_time(self, step: int, dispatch_s: float, step_s: float) -> None:
         self._trace.host(step, dispatch_s, step_s)
 
+    def draft_prefill(self, tokens: int, ms: float) -> None:
+        self.feed.draft_prefill(tokens, ms)  # traced as the rank's own prefill line (below)
+
     def prefill(self, tokens: int, target_ms: float, draft_ms: float) -> None:
         """A prefill batch's GPU time (``PrefillTimer.sink``: traced only)."""
         self._trace.prefill(tokens, target_ms, draft_ms)

@@ -20,14 +20,16 @@ acceptance length (``acceptance.py``).
 
 Catch-up. Entering speculation after plain steps runs the draft over the tokens decoded plainly
 (at most the catch-up window per request): ``fixed + per_token * tokens``, fitted the same way,
-stalls (a compile at a new shape) left out as for steps.
+stalls (a compile at a new shape) left out as for steps; ``per_token`` at most the draft
+prefill's measured ms per token (the same extend over a prompt's positions).
 """
 
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from sglang_dynamic_eagle.policy.types import DecodeMode, check_int_at_least
 
@@ -287,6 +289,19 @@ class CatchupCost:
         self._sums = _Sums()
         self._seen = 0
         self._stalls = _Stalls()
+        self._extends: Deque[float] = deque(maxlen=memory)  # recent draft prefills' ms per token
+
+    def add_draft_prefill(self, tokens: int, ms: float) -> None:
+        """A draft prefill (the draft's extend over a prompt) of ``tokens`` took ``ms``: a
+        catch-up is the same draft extend over other positions, so no catch-up token costs
+        more than a prefill's ms per token, fixed costs included (an upper bound on the
+        per-token term that a few catch-ups with a compile among them cannot push up)."""
+        if tokens > 0 and ms > 0:
+            self._extends.append(ms / tokens)
+
+    @property
+    def per_token_bound(self) -> Optional[float]:
+        return min(self._extends) if self._extends else None
 
     def add(self, tokens: int, ms: float) -> None:
         self._seen += 1
@@ -306,5 +321,8 @@ class CatchupCost:
         if s.count < MIN_BUCKET_SAMPLES or var <= 0:
             return s.t / s.w
         per_token = max(0.0, cov / var)
+        bound = self.per_token_bound
+        if bound is not None and per_token > bound:
+            per_token = bound
         fixed = max(0.0, (s.t - per_token * s.k) / s.w)
         return fixed + per_token * tokens

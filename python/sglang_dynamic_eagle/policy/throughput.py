@@ -154,6 +154,9 @@ class ThroughputPolicy:
     def add_catchup(self, tokens: int, ms: float) -> None:
         self.catchup.add(tokens, ms)
 
+    def add_draft_prefill(self, tokens: int, ms: float) -> None:
+        self.catchup.add_draft_prefill(tokens, ms)
+
     def add_verify(self, drafts: Sequence[int], prior_verifies: Optional[Sequence[int]] = None) -> None:
         self.acceptance.add_verify(drafts, self._step, prior_verifies)
 
