@@ -102,3 +102,32 @@ def test_the_plain_graphs_backend_gets_sglangs_default(monkeypatch) -> None:
     with fw.decode_only_workspace():
         assert os.environ[fw.ENV] == str(fw.SGLANG_DEFAULT_BYTES)
     assert os.environ[fw.ENV] == str(700 * fw.MIB)
+
+
+def test_the_backend_sglang_chose_counts(no_workspace_env, monkeypatch) -> None:
+    """sglang writes its own choice of backend to ServerArgs after the speculative handling;
+    the resolved view already holds it (here: flashinfer chosen, the field still None)."""
+    from sglang_dynamic_eagle.sglang_compat import unsupported
+
+    args = _server_args(backend=None)
+    monkeypatch.setattr(unsupported, "resolved",
+                        lambda server_args: SimpleNamespace(attention_backend="flashinfer"))
+    _limit_speculative_graphs(args)
+    assert int(os.environ[fw.ENV]) > fw.SGLANG_DEFAULT_BYTES
+
+
+@pytest.mark.parametrize("case", ["mla", "deterministic"])
+def test_where_sglang_plans_otherwise_nothing_changes(no_workspace_env, case) -> None:
+    args = _server_args()
+    if case == "mla":  # flashinfer's MLA backend plans its own way
+        args.get_model_config().attention_arch = SimpleNamespace(name="MLA")
+    else:  # sglang sets 2 GiB and turns split-KV off
+        args.enable_deterministic_inference = True
+    _limit_speculative_graphs(args)
+    assert fw.ENV not in os.environ
+    assert max(args.cuda_graph_config.decode.bs) == 256
+
+
+def test_few_kv_heads_pad_to_the_gpus_work_units() -> None:
+    """flashinfer pads a CUDA-graph plan to 2 * SMs / KV heads units at least."""
+    assert fw.verify_plan_bytes(16, 4, 64, 1, 128) >= 64 * 2 * 132 * fw.ROWS_PER_TILE * 128 * 4

@@ -315,6 +315,22 @@ def test_draft_prefill_times_bound_the_catch_up_per_token_cost() -> None:
     for tokens, ms in FLASHINFER_DRAFT_PREFILLS:
         bounded.add_draft_prefill(tokens, ms)
     assert unbounded.predict(8192) > 5000.0  # the negative control: the compile sets the slope
-    assert bounded.per_token_bound == pytest.approx(10.6 / 8192)
-    assert bounded.predict(8192) < 25.0  # 8,192 positions took 16.2 ms in the next load
+    tokens, ms = (sum(column) for column in zip(*FLASHINFER_DRAFT_PREFILLS))
+    assert bounded.per_token_bound == pytest.approx(ms / tokens)  # 1.8 us, pooled
+    assert bounded.predict(8192) < 30.0  # 8,192 positions took 16.2 ms in the next load
     assert bounded.predict(64) < 10.0
+
+
+def test_the_bound_prices_catch_ups_before_a_slope_of_their_own() -> None:
+    """With fewer than four catch-ups timed, one of them a compile, a large catch-up is priced
+    at the mean's fixed part plus the prefills' per-token cost, not at the mean alone."""
+    cost = CatchupCost(prior_fixed_ms=7.4)
+    for tokens, ms in FLASHINFER_CATCHUPS[:4]:
+        cost.add(tokens, ms)
+    unbounded = cost.predict(8192)
+    for tokens, ms in FLASHINFER_DRAFT_PREFILLS:
+        cost.add_draft_prefill(tokens, ms)
+    assert cost.predict(8192) > cost.predict(64) > 0
+    assert cost.predict(8192) - cost.predict(64) == pytest.approx(
+        (8192 - 64) * cost.per_token_bound)
+    assert unbounded == pytest.approx(cost.predict(8192) - 8192 * cost.per_token_bound, abs=0.5)

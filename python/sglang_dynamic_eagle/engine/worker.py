@@ -169,10 +169,11 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         return mode
 
     def _harvest_catchup_timings(self) -> None:
-        """Hand the timing feed the catch-ups whose GPU time has completed (no waiting); it
-        gives them to the policy identical on every rank."""
+        """Hand the timing feed the catch-ups and prefills whose GPU time has completed (no
+        waiting); it gives them to the policy identical on every rank."""
         for _, catchup_ms in self._catchup.gpu_time.finished():
             self._timings.catchup_timed(catchup_ms)
+        self.prefill_timer.harvest()
 
     # -- reporting -------------------------------------------------------
 

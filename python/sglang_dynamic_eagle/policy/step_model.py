@@ -21,7 +21,8 @@ acceptance length (``acceptance.py``).
 Catch-up. Entering speculation after plain steps runs the draft over the tokens decoded plainly
 (at most the catch-up window per request): ``fixed + per_token * tokens``, fitted the same way,
 stalls (a compile at a new shape) left out as for steps; ``per_token`` at most the draft
-prefill's measured ms per token (the same extend over a prompt's positions).
+prefills' measured ms per token (the same extend over a prompt's positions), and that bound
+itself until a few catch-up sizes were timed.
 """
 
 from __future__ import annotations
@@ -279,8 +280,10 @@ class CatchupCost:
     an H200 against 1-6 ms after) and is not counted; a later one at a shape not seen before can
     compile again (an H100, 2026-12-05: catch-ups of 288 tokens in about 50 ms where 9,880 later took
     0.22 ms per 100), so once the fit is warm a catch-up over ``STALL_FACTOR`` times its prediction is a
-    stall, as for steps, unless ``STALL_RUN`` come in a row. Until ``MIN_BUCKET_SAMPLES``
-    catch-ups were timed the prediction is their mean, whatever the tokens.
+    stall, as for steps, unless ``STALL_RUN`` come in a row. The per-token term is at most the
+    draft prefills' (``per_token_bound``), and is that bound until ``MIN_BUCKET_SAMPLES``
+    catch-ups of more than one size were timed (their mean, whatever the tokens, before any
+    prefill was timed).
     """
 
     def __init__(self, prior_fixed_ms: float, memory: int = FIT_MEMORY_SAMPLES) -> None:
@@ -289,19 +292,21 @@ class CatchupCost:
         self._sums = _Sums()
         self._seen = 0
         self._stalls = _Stalls()
-        self._extends: Deque[float] = deque(maxlen=memory)  # recent draft prefills' ms per token
+        self._extends: Deque[Tuple[int, float]] = deque(maxlen=memory)  # recent draft prefills
 
     def add_draft_prefill(self, tokens: int, ms: float) -> None:
-        """A draft prefill (the draft's extend over a prompt) of ``tokens`` took ``ms``: a
-        catch-up is the same draft extend over other positions, so no catch-up token costs
-        more than a prefill's ms per token, fixed costs included (an upper bound on the
-        per-token term that a few catch-ups with a compile among them cannot push up)."""
+        """A draft prefill (the draft's extend over a prompt) of ``tokens`` took ``ms``."""
         if tokens > 0 and ms > 0:
-            self._extends.append(ms / tokens)
+            self._extends.append((tokens, ms))
 
     @property
     def per_token_bound(self) -> Optional[float]:
-        return min(self._extends) if self._extends else None
+        """The recent draft prefills' milliseconds over their tokens: a catch-up is the same
+        draft extend over other positions, and each prefill's time is at least its tokens
+        times the per-token cost, so their sums bound it (fixed costs included; pooled, so one
+        fast sample does not set it). None before the first prefill."""
+        tokens = sum(t for t, _ in self._extends)
+        return sum(ms for _, ms in self._extends) / tokens if tokens else None
 
     def add(self, tokens: int, ms: float) -> None:
         self._seen += 1
@@ -318,11 +323,14 @@ class CatchupCost:
         if s.count == 0:
             return self.prior_fixed_ms
         cov, var = s.centred()
-        if s.count < MIN_BUCKET_SAMPLES or var <= 0:
-            return s.t / s.w
-        per_token = max(0.0, cov / var)
         bound = self.per_token_bound
-        if bound is not None and per_token > bound:
+        if s.count < MIN_BUCKET_SAMPLES or var <= 0:  # too few sizes for a slope of their own
+            if bound is None:
+                return s.t / s.w
             per_token = bound
+        else:
+            per_token = max(0.0, cov / var)
+            if bound is not None:
+                per_token = min(per_token, bound)
         fixed = max(0.0, (s.t - per_token * s.k) / s.w)
         return fixed + per_token * tokens

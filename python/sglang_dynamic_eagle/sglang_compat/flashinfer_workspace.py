@@ -37,6 +37,8 @@ SGLANG_FORCED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "MiMoForC
                                "Qwen3VLForConditionalGeneration",
                                "Qwen3VLMoeForConditionalGeneration")
 ROWS_PER_TILE = 128  # the query tile flashinfer plans a CUDA-graph prefill with (worst case)
+# The plan pads to at least 2 * SMs / KV heads work units; 160 SMs covers Hopper (132) and B200.
+MAX_SMS = 160
 # The other plans in the same buffer (decode, draft) and the 16-byte alignment of each part.
 HEADROOM_BYTES = 16 * 1024 * 1024
 MIB = 1024 * 1024
@@ -46,7 +48,7 @@ def verify_plan_bytes(batch: int, draft_tokens: int, q_heads: int, kv_heads: int
                       head_dim: int) -> int:
     """Float workspace flashinfer's prefill plan takes for a verify graph of ``batch`` requests."""
     rows = batch * draft_tokens * (q_heads // max(1, kv_heads))
-    tiles = -(-rows // ROWS_PER_TILE) + batch - 1
+    tiles = max(-(-rows // ROWS_PER_TILE) + batch - 1, 2 * MAX_SMS // max(1, kv_heads))
     return q_heads * tiles * ROWS_PER_TILE * (head_dim + 1) * 4
 
 
@@ -61,8 +63,15 @@ def largest_batch_within(workspace: int, draft_tokens: int, q_heads: int, kv_hea
 
 
 def uses_flashinfer(server_args) -> bool:
-    return "flashinfer" in {getattr(server_args, name, None) for name in (
-        "attention_backend", "prefill_attention_backend", "decode_attention_backend")}
+    """Whether any attention of the target or the draft runs on flashinfer, as sglang resolves
+    it (its own choice of backend is written to ``server_args`` only after the speculative
+    handling; the resolved view has it)."""
+    from sglang_dynamic_eagle.sglang_compat.unsupported import resolved
+
+    view = resolved(server_args)
+    return "flashinfer" in {getattr(view, name, None) for name in (
+        "attention_backend", "prefill_attention_backend", "decode_attention_backend",
+        "speculative_draft_attention_backend")}
 
 
 def size_workspace(server_args, spec_max_bs: int, model_config) -> Optional[int]:
@@ -71,8 +80,10 @@ def size_workspace(server_args, spec_max_bs: int, model_config) -> Optional[int]
     Returns None when the speculative graphs fit (or flashinfer is not used), else the largest
     batch that fits the workspace the user set (or sglang forces for the model).
     """
-    if not uses_flashinfer(server_args) or spec_max_bs <= 0:
-        return None
+    if (not uses_flashinfer(server_args) or spec_max_bs <= 0
+            or getattr(server_args, "enable_deterministic_inference", False)  # sglang: 2 GiB
+            or getattr(getattr(model_config, "attention_arch", None), "name", "") == "MLA"):
+        return None  # flashinfer's MLA backend plans otherwise
     tp = max(1, int(getattr(server_args, "tp_size", 1) or 1))
     q_heads = max(1, model_config.num_attention_heads // tp)
     kv_heads = max(1, model_config.get_num_kv_heads(tp))

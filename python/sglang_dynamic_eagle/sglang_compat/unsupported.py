@@ -131,7 +131,7 @@ UNSUPPORTED: Tuple[UnsupportedCombination, ...] = (
 )
 
 
-def _resolved(server_args) -> Any:
+def resolved(server_args) -> Any:
     """sglang's mid-resolution view (fields other handlers declared but not yet wrote) of a
     ``ServerArgs``; parsed command-line arguments (``launcher.refuse_before_resolution``) as they
     are."""
@@ -149,7 +149,7 @@ def _resolved(server_args) -> Any:
 
 def unsupported_reason(server_args) -> Optional[str]:
     """The one-line refusal of the first unsupported combination in ``server_args``, or None."""
-    view = _resolved(server_args)
+    view = resolved(server_args)
 
     def get(name: str) -> Any:
         return getattr(view, name, getattr(server_args, name, None))

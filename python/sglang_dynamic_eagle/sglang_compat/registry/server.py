@@ -78,7 +78,8 @@ SERVER_RELIANCES: Tuple[UpstreamReliance, ...] = (
     ),
     UpstreamReliance(
         target="sglang.srt.arg_groups.overrides.resolved_view",
-        how="read in unsupported.unsupported_reason to see resolved values (DP attention)",
+        how="read in unsupported.unsupported_reason to see resolved values (DP attention) and in "
+        "flashinfer_workspace.uses_flashinfer (the attention backends sglang chose)",
         why="validation runs inside ServerArgs.__post_init__, before every value is final",
         drop_when="validate_server_args receives resolved arguments",
         kind=PRIVATE_CALL,
