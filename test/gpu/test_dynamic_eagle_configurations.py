@@ -13,6 +13,9 @@ server of the same configuration, in bf16 with dummy weights drawn by the test p
   backend instance and workspace of their own, 8B-shaped Llama pair. flashinfer JIT-compiles
   its kernels on a machine's first start with them (minutes): run it after a run that warmed
   the cache, or alone with time to spare;
+* flashinfer with the automatic policy and decode graphs to 256
+  (``test_flashinfer_verify_graphs_get_the_workspace_they_need``, one server at a time): its
+  verify graphs need more than sglang's flashinfer workspace (``flashinfer_workspace``);
 * ``mla_moe``: the DeepSeek-V3-shaped MLA + MoE pair that models/mla_moe_dummy_pair.py writes,
   with triton attention (which implements MLA). Its outputs move beyond the bf16 rule with the
   batch's shape: on one H200 (2026-12-02, a run that started at 06:43 UTC) 43 of 64 prompts
@@ -50,6 +53,9 @@ from gpu_servers import (
     eagle3_args,
     make_prompts,
     send_cold,
+    start_server,
+    stop_server,
+    wait_healthy,
     with_sglang_defaults,
 )
 from token_comparison import reference_verdict
@@ -159,3 +165,39 @@ def test_negative_control_a_broken_plain_step_is_outside_the_reference(configura
           f"plain steps {servers['broken'].dynamic_counters()['plain_steps']}")
     assert servers["broken"].dynamic_counters()["plain_steps"] > 0
     assert not verdict.within
+
+
+# The automatic policy (no threshold flag) captures verify graphs up to the largest decode graph.
+FLASHINFER_AUTO_FLAGS = ["--attention-backend", "flashinfer", "--cuda-graph-max-bs-decode", "256"]
+FLASHINFER_WORKSPACE_ENV = "SGLANG_FLASHINFER_WORKSPACE_SIZE"
+
+
+@pytest.mark.parametrize("workspace", [None, str(384 * 1024 * 1024)], ids=["unset", "sglang-size"])
+def test_flashinfer_verify_graphs_get_the_workspace_they_need(model_folders, monkeypatch, workspace):
+    """An automatic EAGLE3_DYNAMIC server on flashinfer starts with verify graphs to 256 (on an
+    H100, 2026-12-05, one stopped in graph capture on sglang's 384 MiB workspace: flashinfer
+    asked for 602 MB at batch 256); with the workspace set by the user to sglang's size, its
+    speculative graphs stop below 256 at what the workspace holds. Either way it serves more
+    than 48 requests at once."""
+    monkeypatch.delenv(FLASHINFER_WORKSPACE_ENV, raising=False)
+    target, draft = dummy8b_args(model_folders)
+    args = (target + FLASHINFER_AUTO_FLAGS + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft]
+            + SHARED_MEMORY_FLAGS)
+    env = dummy_weights_env()
+    if workspace is not None:
+        env[FLASHINFER_WORKSPACE_ENV] = workspace
+    server = start_server(f"flashinfer_auto_{'set' if workspace else 'unset'}", args, env)
+    try:
+        wait_healthy(server)
+        top = server.dynamic_counters()["max_speculative_graph_batch"]
+        if workspace is None:
+            assert top == 256
+        else:
+            assert 48 < top < 256
+        prompts = make_prompts(CAPACITY_REQUESTS, seed=12)
+        with ThreadPoolExecutor(max_workers=CAPACITY_REQUESTS) as pool:
+            list(pool.map(lambda p: server.generate(p["input_ids"][:64], 48), prompts))
+        counters = server.dynamic_counters()
+        assert max(counters["max_plain_batch"], counters.get("max_speculative_batch", 0)) > 48
+    finally:
+        stop_server(server)
