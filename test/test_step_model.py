@@ -316,7 +316,7 @@ def test_draft_prefill_times_bound_the_catch_up_per_token_cost() -> None:
         bounded.add_draft_prefill(tokens, ms)
     assert unbounded.predict(8192) > 5000.0  # the negative control: the compile sets the slope
     tokens, ms = (sum(column) for column in zip(*FLASHINFER_DRAFT_PREFILLS))
-    assert bounded.per_token_bound == pytest.approx(ms / tokens)  # 1.8 us, pooled
+    assert 0 < bounded.per_token_bound < ms / tokens  # the slope (1.0 us), under the pooled 1.8
     assert bounded.predict(8192) < 30.0  # 8,192 positions took 16.2 ms in the next load
     assert bounded.predict(64) < 10.0
 
@@ -334,3 +334,16 @@ def test_the_bound_prices_catch_ups_before_a_slope_of_their_own() -> None:
     assert cost.predict(8192) - cost.predict(64) == pytest.approx(
         (8192 - 64) * cost.per_token_bound)
     assert unbounded == pytest.approx(cost.predict(8192) - 8192 * cost.per_token_bound, abs=0.5)
+
+
+def test_catch_ups_of_one_size_keep_their_measured_time() -> None:
+    """Catch-ups that are all one size (each cut to the window at one batch) give no slope of
+    their own: the bound sets it, never above their own time over their tokens, so the
+    prediction at that size stays what they took (a prefill bound looser than that, from short
+    prompts, would otherwise price them at twice)."""
+    cost = CatchupCost(prior_fixed_ms=7.4)
+    for _ in range(10):
+        cost.add(4096, 12.0)
+    for tokens, ms in [(566, 3.81), (631, 3.02)]:
+        cost.add_draft_prefill(tokens, ms)
+    assert cost.predict(4096) == pytest.approx(12.0)

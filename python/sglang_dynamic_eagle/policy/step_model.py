@@ -301,12 +301,22 @@ class CatchupCost:
 
     @property
     def per_token_bound(self) -> Optional[float]:
-        """The recent draft prefills' milliseconds over their tokens: a catch-up is the same
-        draft extend over other positions, and each prefill's time is at least its tokens
-        times the per-token cost, so their sums bound it (fixed costs included; pooled, so one
-        fast sample does not set it). None before the first prefill."""
-        tokens = sum(t for t, _ in self._extends)
-        return sum(ms for _, ms in self._extends) / tokens if tokens else None
+        """A draft-extend token's cost, from the recent draft prefills (a catch-up is the same
+        extend over other positions): their slope over their sizes, at most their summed
+        milliseconds over their summed tokens (each prefill's time is at least its tokens times
+        the per-token cost, so the pooled ratio bounds it, fixed costs included, and one fast
+        sample does not set it). None before the first prefill."""
+        if not self._extends:
+            return None
+        n = len(self._extends)
+        mean_tokens = sum(t for t, _ in self._extends) / n
+        mean_ms = sum(ms for _, ms in self._extends) / n
+        ceiling = mean_ms / mean_tokens
+        var = sum((t - mean_tokens) ** 2 for t, _ in self._extends)
+        if var <= 0:
+            return ceiling
+        slope = sum((t - mean_tokens) * (ms - mean_ms) for t, ms in self._extends) / var
+        return min(ceiling, slope) if slope > 0 else ceiling
 
     def add(self, tokens: int, ms: float) -> None:
         self._seen += 1
@@ -327,7 +337,8 @@ class CatchupCost:
         if s.count < MIN_BUCKET_SAMPLES or var <= 0:  # too few sizes for a slope of their own
             if bound is None:
                 return s.t / s.w
-            per_token = bound
+            # The catch-ups' own time over their tokens bounds it too (and keeps their mean).
+            per_token = min(bound, s.t / s.k) if s.k > 0 else bound
         else:
             per_token = max(0.0, cov / var)
             if bound is not None:
