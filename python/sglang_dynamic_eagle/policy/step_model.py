@@ -280,7 +280,8 @@ class CatchupCost:
     an H200 against 1-6 ms after) and is not counted; a later one at a shape not seen before can
     compile again (an H100, 2026-12-05: catch-ups of 288 tokens in about 50 ms where 9,880 later took
     0.22 ms per 100), so once the fit is warm a catch-up over ``STALL_FACTOR`` times its prediction is a
-    stall, as for steps, unless ``STALL_RUN`` come in a row. The per-token term is at most the
+    stall, as for steps, unless ``STALL_RUN`` come in a row (warm from the second counted
+    catch-up once a draft prefill was timed, else from the fifth). The per-token term is at most the
     draft prefills' (``per_token_bound``), and is that bound until ``MIN_BUCKET_SAMPLES``
     catch-ups of more than one size were timed (their mean, whatever the tokens, before any
     prefill was timed).
@@ -301,28 +302,20 @@ class CatchupCost:
 
     @property
     def per_token_bound(self) -> Optional[float]:
-        """A draft-extend token's cost, from the recent draft prefills (a catch-up is the same
-        extend over other positions): their slope over their sizes, at most their summed
-        milliseconds over their summed tokens (each prefill's time is at least its tokens times
-        the per-token cost, so the pooled ratio bounds it, fixed costs included, and one fast
-        sample does not set it). None before the first prefill."""
-        if not self._extends:
-            return None
-        n = len(self._extends)
-        mean_tokens = sum(t for t, _ in self._extends) / n
-        mean_ms = sum(ms for _, ms in self._extends) / n
-        ceiling = mean_ms / mean_tokens
-        var = sum((t - mean_tokens) ** 2 for t, _ in self._extends)
-        if var <= 0:
-            return ceiling
-        slope = sum((t - mean_tokens) * (ms - mean_ms) for t, ms in self._extends) / var
-        return min(ceiling, slope) if slope > 0 else ceiling
+        """The recent draft prefills' milliseconds over their tokens, pooled: a catch-up is the
+        same draft extend over other positions, and each prefill's time is at least its tokens
+        times a token's cost, so their sums bound it (fixed costs included, which loosen it for
+        short prompts; pooled, so one fast sample does not set it). None before the first."""
+        tokens = sum(t for t, _ in self._extends)
+        return sum(ms for _, ms in self._extends) / tokens if tokens else None
 
     def add(self, tokens: int, ms: float) -> None:
         self._seen += 1
         if self._seen == 1 or tokens <= 0 or not ms > 0:
             return
-        warm = self._sums.count >= MIN_BUCKET_SAMPLES
+        # Warm: a slope of its own, or one counted catch-up beside the prefills' per-token cost.
+        warm = self._sums.count >= MIN_BUCKET_SAMPLES or (
+            self._sums.count > 0 and self.per_token_bound is not None)
         if not self._stalls.skip(None, ms, self.predict(tokens) if warm else None):
             self._sums.add(tokens, ms, self._keep)
 
