@@ -77,3 +77,27 @@ def test_step_times_handed_over_every_eighth_step() -> None:
     simulate(each, world, 256, feedback_lag=8)
     assert batched.told == [(16, s) for s in range(1, 9)] + [(24, s) for s in range(9, 17)]
     assert each.told == [(i + 9, i + 1) for i in range(n - 8)]
+
+
+def test_draft_prefills_reach_the_policy_before_each_load(tmp_path, capsys, monkeypatch) -> None:
+    """``--draft-prefills N``: the trace's first N prefill lines go to the policy's catch-up
+    bound before each load (64 by default, as the replay tests; none at 0)."""
+    fixture = ROOT / "test" / "data" / "traces" / "h100-dummy8b-flashinfer-closed"
+    for suffix in (".json", ".jsonl.xz"):
+        (tmp_path / f"{fixture.name}{suffix}").symlink_to(f"{fixture}{suffix}")
+    tool = load_tool()
+    fed = []
+    original = tool.throughput_policy_for
+
+    def recording(meta):
+        policy = original(meta)
+        add = policy.add_draft_prefill
+        policy.add_draft_prefill = lambda tokens, ms: (fed.append((tokens, ms)), add(tokens, ms))
+        return policy
+
+    monkeypatch.setattr(tool, "throughput_policy_for", recording)
+    assert tool.main(["--traces", str(tmp_path), "--draft-prefills", "0"]) == 0
+    assert fed == []
+    assert tool.main(["--traces", str(tmp_path), "--draft-prefills", "5"]) == 0
+    assert len(fed) == 5 * 8  # eight loads
+    assert all(tokens > 0 and ms > 0 for tokens, ms in fed)
