@@ -14,10 +14,24 @@ SPECULATIVE_PREFIX = "--speculative-"
 FAKES = Path(__file__).resolve().parent / "fakes"
 
 
-def free_port() -> int:
+def free_port(following: int = 3) -> int:
+    """A free port whose next ``following`` ports are free too: the benchmark serves its
+    configurations on consecutive ports from ``--port`` (a taken neighbour failed a test once)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = sock.getsockname()[1]
+        if base + following <= 65535 and all(_bindable(base + i) for i in range(1, following + 1)):
+            return base
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def bench_line(ttfts_s: list[float], itls_s: list[list[float]], errors: list[str] | None = None,
