@@ -233,7 +233,7 @@ def test_ranks_hand_the_policy_identical_catchup_costs() -> None:
 def test_ranks_hand_the_policy_identical_draft_prefill_costs() -> None:
     """A prefill's draft time differs by rank, and one rank has not timed one of them: every
     rank hands the policy the same prefills at the slower rank's time, each once, and none
-    launched since the previous hand-over (its events may not have completed on every rank)."""
+    launched since the previous feed (its events may not have completed on every rank)."""
     prefills = [[], []]
     _run_ranks([_FakeTimer(lambda step: 10.0), _FakeTimer(lambda step: 10.0)],
                prefill_ms=[lambda key: 1.0 + key, lambda key: None if key == 1 else 3.0],

@@ -36,7 +36,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--traces", type=Path, default=TRACES)
     parser.add_argument("--whole", action="store_true", help="one load per trace: all its loads in order")
     parser.add_argument("--feedback-lag", type=int, default=FEEDBACK_LAG_STEPS, help="steps before a time reaches it")
-    parser.add_argument("--feed-every", type=int, default=1, help="steps between hand-overs of step times")
+    parser.add_argument("--feed-every", type=int, default=1, help="steps between feeds of step times to the policy")
     parser.add_argument("--draft-prefills", type=int, default=64,
                         help="feed the policy the trace's first N draft prefills before each load, "
                         "as the replay tests do (the catch-up's per-token bound; traces recorded "

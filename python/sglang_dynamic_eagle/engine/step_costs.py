@@ -38,8 +38,8 @@ CALIBRATION_REPEATS = 5
 # two all-reduces): at 5-60 ms a step, several times a second. Each hand-over covers the steps
 # [s - 2 * FEED_STEPS, s - FEED_STEPS), whose events completed long ago on every rank.
 FEED_STEPS = 8
-# Prefill batches whose draft time a hand-over can still carry: more than come between two
-# hand-overs at any load (a hand-over every 8 decode steps), few enough to bound a load of
+# Prefill batches whose draft time waits for the policy's next timing feed: more than launch
+# between two feeds at any load (one every 8 decode steps), few enough to bound a load of
 # prefills that never decodes.
 PREFILL_KEEP = 256
 Reducer = Callable[[List[float]], List[float]]
@@ -251,7 +251,7 @@ class TimingFeed:
     its slowest rank; a step untimed on every rank stays out) and handed to ``sink``. Catch-ups
     travel the same way, keyed by the decode step that launched them (their token count is the
     same on every rank, their GPU time is not), to ``catchup_sink``; prefills' draft extends,
-    keyed by launch order, to ``prefill_sink`` once launched before the previous hand-over.
+    keyed by launch order, to ``prefill_sink`` at the second feed after their launch.
     """
 
     def __init__(self, reduce_max: Reducer, sink: Callable[[int, DecodeMode, int, int, float], None],
@@ -265,7 +265,7 @@ class TimingFeed:
         self._prefill_tokens: Dict[int, int] = {}  # launch index -> tokens (same on every rank)
         self._prefill_ms: Dict[int, float] = {}  # this rank's completed draft-extend times
         self._prefills = 0  # prefill batches launched
-        self._prefills_due = 0  # launched before the previous hand-over (complete by now)
+        self._prefills_due = 0  # launched before the previous feed (complete by now)
         self._catchup_tokens: Dict[int, int] = {}  # launching step -> tokens (same on every rank)
         self._catchup_ms: Dict[int, float] = {}  # this rank's completed catch-up times
         self._catchups_in_flight: Deque[int] = deque()
@@ -286,7 +286,7 @@ class TimingFeed:
     def prefill_launched(self, tokens: int) -> int:
         """A prefill batch of ``tokens`` was launched; its key for :meth:`prefill_timed`. Keys
         older than ``PREFILL_KEEP`` launches are dropped (a load of prefills without decode
-        steps hands nothing over)."""
+        steps feeds nothing)."""
         key = self._prefills
         self._prefills += 1
         if self._prefill_sink is not None:

@@ -294,20 +294,19 @@ class CatchupCost:
         self._seen = 0
         self._stalls = _Stalls()
         self._extends: Deque[Tuple[int, float]] = deque(maxlen=memory)  # recent draft prefills
+        self.per_token_bound: Optional[float] = None  # set as prefills arrive (below)
 
     def add_draft_prefill(self, tokens: int, ms: float) -> None:
-        """A draft prefill (the draft's extend over a prompt) of ``tokens`` took ``ms``."""
+        """A draft prefill (the draft's extend over a prompt) of ``tokens`` took ``ms``.
+
+        ``per_token_bound`` is the recent prefills' milliseconds over their tokens, pooled: a
+        catch-up is the same draft extend over other positions, and each prefill's time is at
+        least its tokens times a token's cost, so their sums bound it (fixed costs included,
+        which loosen it for short prompts; pooled, so one fast sample does not set it)."""
         if tokens > 0 and ms > 0:
             self._extends.append((tokens, ms))
-
-    @property
-    def per_token_bound(self) -> Optional[float]:
-        """The recent draft prefills' milliseconds over their tokens, pooled: a catch-up is the
-        same draft extend over other positions, and each prefill's time is at least its tokens
-        times a token's cost, so their sums bound it (fixed costs included, which loosen it for
-        short prompts; pooled, so one fast sample does not set it). None before the first."""
-        tokens = sum(t for t, _ in self._extends)
-        return sum(ms for _, ms in self._extends) / tokens if tokens else None
+            self.per_token_bound = (sum(m for _, m in self._extends)
+                                    / sum(t for t, _ in self._extends))
 
     def add(self, tokens: int, ms: float) -> None:
         self._seen += 1

@@ -74,15 +74,17 @@ def uses_flashinfer(server_args) -> bool:
         "speculative_draft_attention_backend")}
 
 
-def size_workspace(server_args, spec_max_bs: int, model_config) -> Optional[int]:
+def size_workspace(server_args, spec_max_bs: int) -> Optional[int]:
     """Raise the workspace for ``spec_max_bs`` or return the smaller batch it holds.
 
     Returns None when the speculative graphs fit (or flashinfer is not used), else the largest
     batch that fits the workspace the user set (or sglang forces for the model).
     """
     if (not uses_flashinfer(server_args) or spec_max_bs <= 0
-            or getattr(server_args, "enable_deterministic_inference", False)  # sglang: 2 GiB
-            or getattr(getattr(model_config, "attention_arch", None), "name", "") == "MLA"):
+            or getattr(server_args, "enable_deterministic_inference", False)):  # sglang: 2 GiB
+        return None
+    model_config = server_args.get_model_config()  # sglang's own, built before this point
+    if getattr(getattr(model_config, "attention_arch", None), "name", "") == "MLA":
         return None  # flashinfer's MLA backend plans otherwise
     tp = max(1, int(getattr(server_args, "tp_size", 1) or 1))
     q_heads = max(1, model_config.num_attention_heads // tp)

@@ -146,9 +146,7 @@ def _limit_speculative_graphs(server_args: ServerArgs) -> None:
     if not decode.bs:
         return
     spec_max_bs = load_config().speculative_graph_max_bs(max(decode.bs))
-    if flashinfer_workspace.uses_flashinfer(server_args):
-        spec_max_bs = flashinfer_workspace.size_workspace(
-            server_args, spec_max_bs, server_args.get_model_config()) or spec_max_bs
+    spec_max_bs = flashinfer_workspace.size_workspace(server_args, spec_max_bs) or spec_max_bs
     spec_bs = [bs for bs in decode.bs if bs <= spec_max_bs]
     if spec_max_bs not in spec_bs:
         spec_bs.append(spec_max_bs)
