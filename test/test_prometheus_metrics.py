@@ -211,3 +211,48 @@ def test_a_failing_export_is_switched_off_not_raised(monkeypatch, caplog) -> Non
     reporting.report_with_decode_stats(None, _reporter(True, 80))
     assert worker.metrics_export.enabled is False
     assert sum("Prometheus export failed" in record.getMessage() for record in caplog.records) == 1
+
+
+def _gpu_export_check():
+    """test/gpu/test_prometheus_export.py's parser and check, loaded without a GPU."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    gpu = Path(__file__).parent / "gpu"
+    sys.path.insert(0, str(gpu))
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_prometheus_export", gpu / "test_prometheus_export.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(gpu))
+    return module
+
+
+def test_the_gpu_export_check_passes_on_a_real_exposition_and_fails_on_each_broken_one() -> None:
+    from prometheus_client import generate_latest
+
+    check = _gpu_export_check()
+    counters = counters_after([(DecodeMode.SPECULATIVE, 4)] * 3 + [(DecodeMode.PLAIN, 1)] * 2
+                              + [(DecodeMode.SPECULATIVE, 2)])
+    counters.record_switch(DecodeMode.PLAIN)
+    counters.record_switch(DecodeMode.SPECULATIVE)
+    report = {**counters.snapshot(), "acceptance_estimate": 2.5, "crossover_batch": 8}
+    registry = CollectorRegistry()
+    DynamicEagleMetrics(LABELS, registry).update(report, speculative=True)
+    text = generate_latest(registry).decode()
+    series = check.exported(text)
+    check.check_export(series, report)  # the intact export passes
+    broken = {
+        "a series missing": check.exported("\n".join(
+            line for line in text.splitlines() if "catchup_tokens_total" not in line)),
+        "a mode that never ran": {**series, "plain_steps_total": 0.0},
+        "ahead of the report": {**series, "switches_to_plain_total": report["switches_to_plain"] + 1},
+        "a mode gauge out of range": {**series, "speculative_mode": 2.0},
+        "no acceptance": {**series, "mean_accept_length": 0.0},
+    }
+    for name, variant in broken.items():
+        with pytest.raises(AssertionError):
+            check.check_export(variant, report)
+            pytest.fail(f"passed with {name}")
