@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--visible-special-tokens", dict(action="store_true", help="requests with skip_special_tokens=False")),
         ("--acceptance", dict(help="simulated acceptance MIX of workloads without ~MIX (needs the test plugin; README)")),
         ("--bench-args", dict(default="", help="extra sglang.bench_serving flags for every run")),
-        ("--seed", dict(type=int, default=1)), ("--min-prompts", dict(type=int, default=4)),
+        ("--seed", dict(type=int, default=1)), ("--min-prompts", dict(type=int, default=16)),
         ("--trace", dict(action="store_true", help="EAGLE3_DYNAMIC servers write a decode-step trace (off: as served)")),
         ("--bench-timeout-s", dict(type=float, default=300.0, help="longest bench_serving run (default 300)")),
         ("--time-budget-s", dict(type=float, help="deadline of the whole run (README)")),

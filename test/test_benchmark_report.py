@@ -125,7 +125,7 @@ def test_a_segment_says_its_shape_and_a_shared_prefix_segment_its_system_prompts
         return report.segment_text({**segment, "rate": segment["rate"] if math.isfinite(segment["rate"]) else None})
     assert text("shared-4@4") == ("16 prompts of input 256 after one of 8 system prompts of 2048 / output 512 "
                                   "tokens x [0.25, 1], 4 req/s")
-    assert text("closed-2") == "4 prompts of input 512 / output 256 tokens, all at once, at most 2 at a time"
+    assert text("closed-2") == "16 prompts of input 512 / output 256 tokens, all at once, at most 2 at a time"
 
 
 def test_problems_name_failed_runs_and_unequal_kv_pools():

@@ -104,7 +104,7 @@ def test_a_workloads_acceptance_is_what_the_servers_read_during_its_runs(fakes, 
     env = document["configs"]["dynamic"]["server_env"]
     assert env[run.MIX_FILE_ENV] == str(out.resolve() / run.MIX_FILE) and env["SGLANG_SIMULATE_ACC_LEN"] == "3.0"
     seen = [(r["flags"][r["flags"].index("--num-prompts") + 1], r["mix"]) for r in driver_requests(fakes)]
-    assert seen == [("32", "3.0")] * 2 + [("4", "3.0")] * 2 + [("4", "1.3:0.5,4.0:0.5")] * 2 + [("8", "1.6")] * 2
+    assert seen == [("32", "3.0")] * 2 + [("16", "3.0")] * 2 + [("16", "1.3:0.5,4.0:0.5")] * 2 + [("16", "1.6")] * 2
     assert [(r["workload"], r["acceptance"]) for r in document["runs"]][::2] == [
         ("closed-2", "3.0"), ("closed-2~1.3:0.5/4.0:0.5", "1.3:0.5,4.0:0.5"), ("closed-4~1.6", "1.6")]
     with pytest.raises(SystemExit, match="needs --acceptance MIX or --server-env"):
@@ -327,10 +327,10 @@ def test_report_of_a_saved_run_can_use_another_goodput_target(fakes):
     out = fakes / "out"
     assert main(out, "--configs", "plain", "--workload", "closed-2", "--warmup", "none") == 0
     saved = results.load_results(out / "results.json")
-    assert saved["runs"][0]["metrics"]["goodput"] == pytest.approx(2.0)  # 4 requests in 2 s, TPOT 5 ms
+    assert saved["runs"][0]["metrics"]["goodput"] == pytest.approx(8.0)  # 16 requests in 2 s, TPOT 5 ms
     strict = report.render_markdown(results.load_results(out / "results.json"), goodput_tpot_ms=1.0)
     assert "## Goodput (req/s that completed with TPOT <= 1 ms)" in strict
-    assert "| closed-2 | 0.00 |" in strict and "| closed-2 | 2.00 |" in (out / "report.md").read_text()
+    assert "| closed-2 | 0.00 |" in strict and "| closed-2 | 8.00 |" in (out / "report.md").read_text()
 
 
 def test_a_failed_warm_up_is_reported_as_a_problem(fakes):

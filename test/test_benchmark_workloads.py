@@ -21,7 +21,7 @@ def one(name: str, **options) -> workloads.Workload:
 
 def test_closed_loop_keeps_the_former_sweeps_shape():
     assert one("closed-64").segments == (Segment(512, 256, 128, concurrency=64),)
-    assert one("closed-1").segments[0].prompts == 4  # at least --min-prompts
+    assert one("closed-1").segments[0].prompts == 16  # at least --min-prompts
     assert one("closed-16@1024x2", waves=4).segments == (Segment(1024, 2, 64, concurrency=16),)
 
 
