@@ -43,3 +43,29 @@ def test_the_table_names_each_row(capsys):
     assert "| speculative | 1-8 |" in out and "| plain | 33-128 |" in out
     with pytest.raises(SystemExit):
         dispatch_cost.main([str(TRACE), "--repeat", "0"])
+
+
+def test_cuda_passes_every_step_through_the_timing_feed(monkeypatch):
+    from sglang_dynamic_eagle.engine import step_costs
+
+    done = []
+
+    class Feed:  # the worker's TimingFeed, recording what it is handed
+        def __init__(self, reduce_max, sink):
+            assert reduce_max([1.0]) == [1.0]
+
+        def step_done(self, step, mode, batch_size, kv_tokens):
+            done.append(step)
+
+    monkeypatch.setattr(step_costs, "TimingFeed", Feed)
+    rows = dispatch_cost.time_trace(TRACE, cuda=True)
+    assert done == list(range(1, sum(map(len, rows.values())) + 1))
+
+
+def test_cuda_without_a_gpu_is_refused_in_one_line(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        dispatch_cost.main([str(TRACE), "--repeat", "1", "--cuda"])
+    assert "--cuda: no CUDA GPU here; run without --cuda" in capsys.readouterr().err

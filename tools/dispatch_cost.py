@@ -5,7 +5,11 @@ and the results handed back (acceptance records, the policy's verify and step-ti
 step itself is not run: what is timed is what the plugin adds to the scheduler thread per step,
 the `host_dispatch_ms` a server reports in /server_info.
 
-    python3 tools/dispatch_cost.py test/data/traces/h200-dummy8b-fa3-defaults.jsonl.xz [--repeat 3]
+    python3 tools/dispatch_cost.py test/data/traces/h200-dummy8b-fa3-defaults.jsonl.xz [--repeat 3] [--cuda]
+
+With ``--cuda`` (a CUDA GPU) every step also goes through the worker's timing feed
+(``engine.step_costs.TimingFeed``: a CUDA event recorded at the step's end, the completed ones
+read), the GPU-side part of the server's ``host_dispatch_ms`` that a CPU-only run leaves out.
 """
 
 from __future__ import annotations
@@ -37,13 +41,18 @@ class Req:
         self.output_ids = []
 
 
-def time_trace(path: Path) -> dict:
+def time_trace(path: Path, cuda: bool = False) -> dict:
     """{(mode, batch range): [microseconds per step]} of one pass over the trace. Each step takes
     the mode the trace ran (its verify results and step times exist for that mode only); the
-    policy still decides every step, as on the server."""
+    policy still decides every step, as on the server. ``cuda``: with the timing feed's events
+    (module docstring); the policy still learns the trace's step times."""
     steps, meta = load_recorded(path)
     policy = throughput_policy_for(meta)
     feed, acceptance, counters = PolicyFeed(policy), RequestAcceptance(), ModeCounters()
+    timings = None
+    if cuda:  # imports torch and sglang: only here
+        from sglang_dynamic_eagle.engine.step_costs import TimingFeed
+        timings = TimingFeed(list, lambda *sample: None)
     pool = [Req(0) for _ in range(max(s.batch for s in steps))]
     carry, out = 0.0, {}
     for n, s in enumerate(steps, start=1):
@@ -65,6 +74,8 @@ def time_trace(path: Path) -> dict:
             feed.verified(n, drafts)
         if s.ms is not None:
             feed.step_time(n, s.mode, s.batch, s.kv_tokens, s.ms)
+        if timings is not None:
+            timings.step_done(n, s.mode, s.batch, s.kv_tokens)
         elapsed_us = 1e6 * (time.perf_counter() - start)
         key = next(r for r in RANGES if r[0] <= s.batch <= r[1])
         out.setdefault((s.mode.value, key), []).append(elapsed_us)
@@ -75,12 +86,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("trace", type=Path)
     parser.add_argument("--repeat", type=int, default=3, help="passes; the fastest median per row is shown")
+    parser.add_argument("--cuda", action="store_true", help="also the timing feed's CUDA events (needs a CUDA GPU)")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: give 1 or more")
-    passes = [time_trace(args.trace) for _ in range(args.repeat)]
-    print(f"Host microseconds per decode step of the plugin's own work, {args.trace.name}, "
-          f"{args.repeat} passes (median of a pass's steps, the fastest pass):\n")
+    if args.cuda:
+        import torch
+        if not torch.cuda.is_available():  # checked before any pass
+            parser.error("--cuda: no CUDA GPU here; run without --cuda for the CPU-only part")
+    passes = [time_trace(args.trace, args.cuda) for _ in range(args.repeat)]
+    print(f"Host microseconds per decode step of the plugin's own work{' with CUDA events' if args.cuda else ''}, "
+          f"{args.trace.name}, {args.repeat} passes (median of a pass's steps, the fastest pass):\n")
     print("| mode | batch | steps | median us | p99 us |\n| --- | --- | --- | --- | --- |")
     for mode, key in sorted(passes[0]):
         rows = [p[(mode, key)] for p in passes if (mode, key) in p]
