@@ -48,7 +48,7 @@ class Options:
     traffic_s: float = 20.0  # seconds of arrivals of poisson-R
     idle_s: float = 5.0  # gaps of burst and load-step
     waves: int = 2  # closed-C: max(min_prompts, waves x C) prompts
-    min_prompts: int = 16  # 4 made 2-4 s runs at 1-4 requests, whose ratios moved 5-11% run to run (H100, 2026-12-05)
+    min_prompts: int = 16  # 4 made 2-4 s runs at 1-4 requests; a server's throughput moved up to 11% between them (H100)
 
 
 def _number(text: str, name: str, kind=int):
