@@ -20,6 +20,7 @@ PACKAGE = Path(sglang_dynamic_eagle.__file__).parent
 NAME = "sglang_dynamic_eagle"
 WORKER_MAX_LINES = 249
 MODULE_MAX_LINES = 350
+POLICY_REPLACED_LINES = 748  # auto_policy.py + cost_model.py, the rules the policy replaced
 # Functions that assign attributes of the package's own objects, not of sglang's.
 OWN_OBJECTS = {
     f"{NAME}.observability.prefill_timing.PrefillTimer.target_done": "its PrefillEvents",
@@ -170,6 +171,32 @@ def test_the_import_graph_sees_type_checking_and_function_imports() -> None:
     assert plugin[f"{NAME}.sglang_compat.registry"] == TOP_LEVEL
 
 
+def impure_imports(module: str) -> List[str]:
+    """What ``module`` imports that a pure policy may not: the package's modules outside
+    ``policy`` (engine, sglang layer, observability), torch and sglang."""
+    outside = [m for m, _ in import_edges(module) if not m.startswith(f"{NAME}.policy")]
+    tree = ast.parse(MODULES[module].read_text())
+    roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    roots |= {(node.module or "").split(".")[0] for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and not node.level}
+    return outside + sorted(roots & {"torch", "sglang"})
+
+
+def test_the_policy_is_pure() -> None:
+    """The policy (costs, acceptance, queue in; mode out) imports no other layer, no torch and
+    no sglang: it runs, and replays traces, on any CPU."""
+    impure = {m: impure_imports(m) for m in MODULES if m.startswith(f"{NAME}.policy")}
+    assert {m: found for m, found in impure.items() if found} == {}
+    assert {f"{NAME}.policy.throughput", f"{NAME}.policy.step_model"} <= set(impure)
+
+
+def test_the_purity_check_sees_other_layers_torch_and_sglang() -> None:
+    assert "sglang" in impure_imports(f"{NAME}.engine.worker")
+    assert "torch" in impure_imports(f"{NAME}.engine.step_costs")
+    assert f"{NAME}.observability.decision_log" in impure_imports(f"{NAME}.engine.observations")
+
+
 # --------------------------------------------------------------------------- sizes
 
 
@@ -179,6 +206,13 @@ def line_count(path: Path) -> int:
 
 def test_the_worker_is_short() -> None:
     assert line_count(PACKAGE / "engine" / "worker.py") <= WORKER_MAX_LINES
+
+
+def test_the_policy_and_its_cost_model_are_shorter_than_the_rules_they_replaced() -> None:
+    """Decisions, acceptance and step costs in fewer lines than the batch-size rules and cost
+    table they replaced (748: docs/decisions.md, "Switching policy")."""
+    files = ("throughput.py", "step_model.py", "acceptance.py")
+    assert sum(line_count(PACKAGE / "policy" / name) for name in files) < POLICY_REPLACED_LINES
 
 
 def test_no_module_is_long() -> None:

@@ -13,6 +13,7 @@ from typing import Callable, Iterable, List, Optional, Sequence
 import numpy as np
 import pytest
 
+from sglang_dynamic_eagle.observability.decision_log import DecisionLog
 from sglang_dynamic_eagle.policy import (DecodeMode, StepObservation, ThresholdPolicy,
                                          ThresholdPolicyConfig)
 from sglang_dynamic_eagle.policy.replay import (World, _bucket, load_recorded, oracle_rate,
@@ -346,11 +347,31 @@ def test_a_lone_request_that_accepts_nothing_costs_no_more_than_the_share() -> N
     assert result.ms - plain_ms <= 1.25 * EXPLORATION_SHARE * plain_ms
 
 
+class LoggedPolicy:
+    """A policy whose decisions and step times also go to a decision log (as the worker's
+    policy feed does)."""
+
+    def __init__(self, policy) -> None:
+        self.policy, self.log = policy, DecisionLog()
+
+    def __getattr__(self, name: str):
+        return getattr(self.policy, name)
+
+    def decide(self, obs: StepObservation) -> DecodeMode:
+        mode = self.policy.decide(obs)
+        self.log.decided(self.policy.latest)
+        return mode
+
+    def add_step_time(self, step: int, mode: DecodeMode, b: int, kv: int, ms: float) -> None:
+        self.policy.add_step_time(step, mode, b, kv, ms)
+        self.log.timed(step, mode, ms)
+
+
 def test_the_server_report_shows_predictions_and_measurements() -> None:
-    policy = modelled_policy()
+    policy = LoggedPolicy(modelled_policy())
     world = MODELLED["light-acc2.2"]
     simulate(policy, world, WINDOW)
-    report = policy.report()
+    report = policy.log.report()
     recent = report["recent_decisions"]
     assert recent and {"plain_tok_per_s", "spec_tok_per_s", "predicted_ms", "measured_ms",
                         "reason"} <= set(recent[0])
@@ -406,7 +427,7 @@ def test_a_recorded_trace_carries_the_policy_that_recorded_it(tmp_path) -> None:
     """A server's trace begins with its policy's configuration and priors: replaying it needs
     nothing else, and rebuilds the same policy."""
     from sglang_dynamic_eagle.engine.observations import PolicyFeed
-    from sglang_dynamic_eagle.observability.trace import traced
+    from sglang_dynamic_eagle.observability.trace import policy_config, traced
 
     path = tmp_path / "trace.jsonl"
     original = modelled_policy()
@@ -419,7 +440,7 @@ def test_a_recorded_trace_carries_the_policy_that_recorded_it(tmp_path) -> None:
     feed.catchup(256, 3.5)
     steps, meta = load_recorded(path)
     assert [s.batch for s in steps] == [4, 8, 40, 8]
-    assert throughput_policy_for(meta).describe() == original.describe()
+    assert policy_config(throughput_policy_for(meta)) == policy_config(original)
     assert meta["catchup"]["per_token_ms"] == pytest.approx(1.0 / 128)
 
 
@@ -438,7 +459,7 @@ def test_a_traced_step_carries_the_decisions_reason_and_predictions(tmp_path) ->
         written = []
         for step, (b, queued) in enumerate([(4, 0), (8, 0), (40, 20)], start=1):
             policy.decide(StepObservation(batch_size=b, kv_tokens=700 * b, queued=queued, step=step))
-            written.append(original.recent[-1] if predicts else None)
+            written.append(original.latest if predicts else None)
         lines = [json.loads(line) for line in path.read_text().splitlines()]
         steps = [line for line in lines if line["k"] == "step"]
         if not predicts:

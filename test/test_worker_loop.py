@@ -170,13 +170,16 @@ class ObservedPolicy:
     def __init__(self, policy) -> None:
         self.policy = policy
         self.observations: List[StepObservation] = []
+        self.decisions: list = []  # the automatic policy's decisions
 
     mode = property(lambda self: self.policy.mode)
     max_speculative_batch = property(lambda self: self.policy.max_speculative_batch)
 
     def decide(self, observation: StepObservation) -> DecodeMode:
         self.observations.append(observation)
-        return self.policy.decide(observation)
+        mode = self.policy.decide(observation)
+        self.decisions.append(getattr(self.policy, "latest", None))
+        return mode
 
     def report(self) -> dict:
         return self.policy.report()
@@ -529,7 +532,7 @@ def test_the_queue_and_the_remaining_tokens_reach_the_throughput_policy(worker) 
     assert [o.queued for o in worker._policy.observations] == [0, 31, 0, 0]
     assert [s[1] for s in worker._timings.steps] == [SPEC, PLAIN, SPEC, PLAIN]
     assert worker._catchup.caught_up == [[0]]
-    reasons = [d.reason for d in worker._policy.policy.recent]
+    reasons = [d.reason for d in worker._policy.decisions]
     assert reasons == ["stay", "predicted gain", "predicted gain", "predicted gain"]
 
 
@@ -559,7 +562,7 @@ def test_verifies_catchups_and_step_times_reach_the_throughput_policy(worker) ->
     decode(worker, [0])  # step 6: steps [2, 4)
     assert catchups == [(1, catchup_ms(1))]
     # /server_info lists the decisions whose time came back, then the latest one.
-    measured = {d["step"]: d["measured_ms"] for d in policy.report()["recent_decisions"]}
+    measured = {d["step"]: d["measured_ms"] for d in worker._feed.report()["recent_decisions"]}
     assert measured == {1: 11.0, 2: 12.0, 3: 13.0, 6: None}
 
 

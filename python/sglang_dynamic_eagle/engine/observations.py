@@ -16,6 +16,7 @@ import weakref
 from collections import deque
 from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
+from sglang_dynamic_eagle.observability.decision_log import DecisionLog
 from sglang_dynamic_eagle.policy import DecodeMode, DecodePolicy, StepObservation
 from sglang_dynamic_eagle.policy.throughput import ThroughputPolicy
 
@@ -117,11 +118,13 @@ def observe(batch, queued: int, acceptance: RequestAcceptance, step: int,
 
 class PolicyFeed:
     """The measurements the policy learns from, handed over as they complete (the decode step
-    a verify result or a step time belongs to comes along). The threshold policy decides from
-    the batch size alone and learns from none of them."""
+    a verify result or a step time belongs to comes along), and the automatic policy's decisions
+    beside their measured times (``observability.decision_log``). The threshold policy decides
+    from the batch size alone and learns from none of them."""
 
     def __init__(self, policy: DecodePolicy) -> None:
         self._learner = policy if isinstance(policy, ThroughputPolicy) else None
+        self.decisions = DecisionLog()
         # Largest batch whose per-request records the policy can use (observe's limit).
         self.per_request_up_to = 0 if self._learner is None else policy.max_speculative_batch
 
@@ -134,6 +137,7 @@ class PolicyFeed:
                   ms: float) -> None:
         if self._learner is not None:
             self._learner.add_step_time(step, mode, batch_size, kv_tokens, ms)
+            self.decisions.timed(step, mode, ms)
 
     def catchup(self, tokens: int, ms: float) -> None:
         if self._learner is not None:
@@ -144,11 +148,26 @@ class PolicyFeed:
         if self._learner is not None:
             self._learner.add_draft_prefill(tokens, ms)
 
-    def host_time(self, step: int, dispatch_s: float, step_s: float) -> None:
-        """A decode step's host seconds (the worker's own work, the mode's step call): not a
+    def step_end(self, step: int, dispatch_s: float, step_s: float) -> None:
+        """Decode step ``step`` was launched: its decision is logged (its time comes back some
+        steps later). Its host seconds (the worker's own work, the mode's step call) are not a
         cost the policy models (the timed step holds them); a traced feed records them."""
+        if self._learner is not None:
+            self.decisions.decided(self._learner.latest)
 
     def crossover_batch(self) -> int:
-        """Largest batch at which speculation is predicted to pay (short contexts; 0 with the
-        threshold policy)."""
-        return 0 if self._learner is None else self._learner.crossover_batch()
+        """Largest speculative bucket predicted to pay at the server-wide acceptance, at short
+        contexts (0: none, and with the threshold policy)."""
+        policy = self._learner
+        if policy is None:
+            return 0
+        acceptance = policy.acceptance.server_mean or policy.acceptance.max_acceptance
+        plain, spec = policy.costs[DecodeMode.PLAIN], policy.costs[DecodeMode.SPECULATIVE]
+        return max((b for b in spec.buckets if (t_plain := plain.predict(b, 0.0))
+                    and (t_spec := spec.predict(b, 0.0)) and acceptance * t_plain >= t_spec),
+                   default=0)
+
+    def report(self) -> Dict[str, object]:
+        """The crossover and, with the automatic policy, its logged decisions (/server_info)."""
+        return {"crossover_batch": self.crossover_batch(),
+                **({} if self._learner is None else self.decisions.report())}

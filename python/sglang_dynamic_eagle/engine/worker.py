@@ -126,7 +126,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
                                 observation.kv_tokens)
         dispatch_s = perf_counter() - start - step_s
         self.counters.record_host(mode, dispatch_s, step_s)
-        self._feed.host_time(self._decode_step, dispatch_s, step_s)
+        self._feed.step_end(self._decode_step, dispatch_s, step_s)
         return result
 
     # -- the steps -------------------------------------------------------
@@ -190,7 +190,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             **self.counters.snapshot(),
             **self._policy.report(),
             "queued": self.queued,
-            "crossover_batch": self._feed.crossover_batch(),
+            **self._feed.report(),
             **self._catchup.report(),
             **self._plain_graphs.report(),
             "acceptance_mismatched_results": self.request_acceptance.mismatched,

@@ -39,6 +39,8 @@ import time
 from typing import Any, Optional, Sequence, Tuple
 
 from sglang_dynamic_eagle.policy.acceptance import first_verifies
+from sglang_dynamic_eagle.policy.throughput import ThroughputPolicy
+from sglang_dynamic_eagle.policy.types import DecodeMode
 
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # one encoder (json.dumps builds one a call)
@@ -103,8 +105,7 @@ class TracedPolicy:
 
     def decide(self, observation):
         mode = self.policy.decide(observation)
-        latest = getattr(self.policy, "recent", None)  # the automatic policy's decisions
-        self._trace.step(observation, mode, latest[-1] if latest else None)
+        self._trace.step(observation, mode, getattr(self.policy, "latest", None))  # automatic's
         return mode
 
     def report(self) -> dict:
@@ -131,7 +132,8 @@ class TracedFeed:
         self.feed.catchup(tokens, ms)
         self._trace.catchup(tokens, ms)
 
-    def host_time(self, step: int, dispatch_s: float, step_s: float) -> None:
+    def step_end(self, step: int, dispatch_s: float, step_s: float) -> None:
+        self.feed.step_end(step, dispatch_s, step_s)
         self._trace.host(step, dispatch_s, step_s)
 
     def draft_prefill(self, tokens: int, ms: float) -> None:
@@ -144,12 +146,30 @@ class TracedFeed:
     def crossover_batch(self) -> int:
         return self.feed.crossover_batch()
 
+    def report(self) -> dict:
+        return self.feed.report()
+
 
 def traced(policy, feed, path: Optional[str]) -> Tuple[Any, Any]:
     """``(policy, feed)``, both recording to the trace at ``path``; unchanged without one."""
     if not path:
         return policy, feed
     trace = StepTrace(path)
-    if hasattr(policy, "describe"):
-        trace._write({"k": "config", **policy.describe()})
+    if isinstance(policy, ThroughputPolicy):
+        trace._write({"k": "config", **policy_config(policy)})
     return TracedPolicy(policy, trace), TracedFeed(feed, trace)
+
+
+def policy_config(policy: ThroughputPolicy) -> dict:
+    """The automatic policy's configuration and priors: a trace's first line, from which
+    ``policy.replay`` rebuilds it."""
+    modes = (DecodeMode.PLAIN, DecodeMode.SPECULATIVE)
+    return {
+        "buckets": {m.value: list(policy.costs[m].buckets) for m in modes},
+        "calibration": {m.value: {str(b): round(ms, 5) for b, ms in policy.costs[m].calibration.items()}
+                        for m in modes},
+        "per_kv_token_ms": {m.value: policy.costs[m].prior_per_kv_token_ms for m in modes},
+        "catchup_prior_fixed_ms": policy.catchup.prior_fixed_ms,
+        "max_acceptance": policy.acceptance.max_acceptance,
+        **vars(policy.config),
+    }

@@ -2,26 +2,14 @@
 included), estimated from the verifies the worker reports.
 
 A request's expected acceptance is its own mean over its verifies, shrunk by
-``REQUEST_PRIOR_VERIFIES`` pseudo-verifies towards what the other requests accept now. A request
-not yet verified gets the server-wide mean: the recent mean shrunk towards the long-run one
-(itself shrunk towards the full acceptance), which follows a change of task mix within steps.
-A verified request's prior is the same with its own first verifies taken out of the recent mean
-(they are in it; at one running request they are all of it): counted twice, an unlucky stretch
-would read as its level. Shrunk towards the long-run mean instead, requests verified a
-few times after the task mix changed read as the old mix: at a closed loop of 128 requests
-accepting 1.6, after traffic accepting 3.0, they read 1.71, speculation looked even with plain
-decoding where it was 7% slower, and the server decoded 22% of its steps speculatively (0.956x
-plain's throughput; an H100, 2026-12-05).
-
-The server means are priors for a request about which little is known, so they average over
-requests, each weighing the same: where the worker tells each request's verify count, only a
-request's first ``REQUEST_PRIOR_VERIFIES`` verifies count. Averaged over all verifies instead,
-a request weighs by how many steps it runs, and one that accepts little runs longest: with
-half the requests at 1.3 and half at 4.0 that mean is 1.96 (the harmonic mean), not 2.65, and
-the running batch is mostly the slow half. A new request priced at it (and at the recent mean of
-those survivors, 1.3-1.4) looked like them: a server at 5 requests/s of that mixture decoded
-plainly on 55% of its steps while its speculative steps served more tokens per second at the
-same batch sizes (an H100, 2026-12-05).
+``REQUEST_PRIOR_VERIFIES`` pseudo-verifies towards a prior. A request not yet verified takes the
+server-wide mean: the recent mean shrunk towards the long-run one (itself shrunk towards the full
+acceptance), which follows a change of task mix within steps. A verified request's prior is the
+same with its own first verifies taken out of the recent mean (counted twice, an unlucky stretch
+would read as its level). The server means average over requests, each weighing the same (only a
+request's first ``REQUEST_PRIOR_VERIFIES`` verifies count): over all verifies, a request that
+accepts little would weigh by the many steps it runs. Both choices, measured: docs/decisions.md
+("Acceptance prior for a new request", "... for a verified request").
 """
 
 from __future__ import annotations

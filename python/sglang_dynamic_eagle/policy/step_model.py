@@ -7,22 +7,19 @@ Cost. A decode step of mode m over a batch of b requests holding K KV tokens tak
 ``replay_m(bucket)``: the start-up replay of the step's CUDA graphs at the bucket the step runs
 at (weights read, the padded batch's matmuls, at context length 1). ``host_m + per_request_m *
 b``: what the replay leaves out, the host's launches and per-request work (sampling,
-bookkeeping; for a speculative step also tree building and verify), large for speculative
-steps (0.35 ms per request on an H200, 8B-shaped, triton). ``per_kv_token_m``: attention's
-read of the KV cache per token: for a plain step the target's KV bytes per token, for a
-speculative step the target's once (verify) plus the draft's once per draft step and once for
-the draft extend, over the memory bandwidth measured at start-up (the prior), refit online.
-The host, per-request and KV terms are one ridge least-squares fit over every timed step
-(exponential forgetting); a measured bucket adds its own mean residual.
+bookkeeping; for a speculative step also tree building and verify). ``per_kv_token_m``:
+attention's read of the KV cache per token (a speculative step reads the target's once and the
+draft's once per draft step and extend), prior: KV bytes per token over the memory bandwidth
+measured at start-up. Host, per-request and KV terms are one ridge least-squares fit over every
+timed step (exponential forgetting); a measured bucket adds its own mean residual.
 
 Yield. A plain step yields one token per request; a speculative step, per request, its
 acceptance length (``acceptance.py``).
 
 Catch-up. Entering speculation after plain steps runs the draft over the tokens decoded plainly
-(at most the catch-up window per request): ``fixed + per_token * tokens``, fitted the same way,
-stalls (a compile at a new shape) left out as for steps; ``per_token`` at most the draft
-prefills' measured ms per token (the same extend over a prompt's positions), and that bound
-itself until a few catch-up sizes were timed.
+(at most the catch-up window per request): ``fixed + per_token * tokens``, fitted the same way;
+``per_token`` at most the draft prefills' measured ms per token (the same extend over a
+prompt's positions).
 """
 
 from __future__ import annotations
@@ -32,9 +29,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from sglang_dynamic_eagle.policy.types import DecodeMode, check_int_at_least
+from sglang_dynamic_eagle.policy.types import check_int_at_least
 
-MODES = (DecodeMode.PLAIN, DecodeMode.SPECULATIVE)
 # Samples a bucket needs before its own mean replaces the scaled calibration: the step timer
 # drops the first step of every run, so 4 is one short probe's worth.
 MIN_BUCKET_SAMPLES = 4
@@ -122,19 +118,11 @@ def _solve3(a: List[List[float]], y: List[float]) -> Optional[List[float]]:
 
 
 class ModeCost:
-    """One mode's step time; see the module docstring.
-
-    ``t(b, K) = replay(bucket) + host_ms + per_request_ms * b + per_kv_token_ms * K
-    + correction(bucket)``. ``replay``: the start-up graph replay of the bucket (0 where none was
-    timed). ``host_ms + per_request_ms * b``: what the replay leaves out (the host's launches and
-    per-request work: sampling, bookkeeping, a speculative step's tree building), fitted by
-    ridge least squares over every timed step with the KV term; ``per_kv_token_ms`` starts at
-    its physical prior (KV bytes per token over the memory bandwidth) and moves only as far as
-    steps whose KV tokens vary apart from their batch size (long and short contexts mixed)
-    show it should: in steady traffic K grows with b and the two cannot be told apart.
-    ``correction``: a measured bucket's mean residual (padding, kernel choice at that size).
-    A step over ``STALL_FACTOR`` times its prediction is a stall (JIT compile, host hiccup),
-    not a cost, and is left out once the fit is warm.
+    """One mode's step time, ``t(b, K) = replay(bucket) + host_ms + per_request_ms * b +
+    per_kv_token_ms * K + correction(bucket)`` (module docstring). The three fitted terms are one
+    ridge fit: the KV slope moves from its physical prior only as far as steps whose KV tokens vary
+    apart from their batch size show (in steady traffic K grows with b). ``correction``: a
+    measured bucket's mean residual (padding, kernel choice at that size). Stalls are left out.
     """
 
     def __init__(
@@ -272,19 +260,12 @@ class ModeCost:
 
 class CatchupCost:
     """Draft-KV catch-up milliseconds as ``fixed + per_token * tokens``, fitted from timed
-    catch-ups (exponential forgetting).
-
-    A catch-up is one eager draft EXTEND forward: its launches cost about as much as a
-    speculative step's at batch 1 (``prior_fixed_ms``, the start-up replay time), and a token
-    little (one draft layer). The first catch-up of a server JIT-compiles its kernels (30 ms on
-    an H200 against 1-6 ms after) and is not counted; a later one at a shape not seen before can
-    compile again (an H100, 2026-12-05: catch-ups of 288 tokens in about 50 ms where 9,880 later took
-    0.22 ms per 100), so once the fit is warm a catch-up over ``STALL_FACTOR`` times its prediction is a
-    stall, as for steps, unless ``STALL_RUN`` come in a row (warm from the second counted
-    catch-up once a draft prefill was timed, else from the fifth). The per-token term is at most the
-    draft prefills' (``per_token_bound``), and is that bound until ``MIN_BUCKET_SAMPLES``
-    catch-ups of more than one size were timed (their mean, whatever the tokens, before any
-    prefill was timed).
+    catch-ups (exponential forgetting): one eager draft EXTEND forward, whose launches cost about
+    a speculative step's at batch 1 (``prior_fixed_ms``) and a token little (one draft layer).
+    A server's first catch-up JIT-compiles its kernels and is not counted; once the fit is warm
+    (from the second counted catch-up once a draft prefill was timed, else the fifth) a later
+    compile at a new shape is a stall, as for steps. The per-token term is at most the draft
+    prefills' (``per_token_bound``), and that bound until catch-ups of several sizes were timed.
     """
 
     def __init__(self, prior_fixed_ms: float, memory: int = FIT_MEMORY_SAMPLES) -> None:

@@ -33,9 +33,8 @@ Pure Python; deterministic in its inputs.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
-from typing import Deque, Dict, List, Mapping, Optional, Sequence
+from typing import Dict, Mapping, Optional, Sequence
 
 from sglang_dynamic_eagle.policy.acceptance import Acceptance
 from sglang_dynamic_eagle.policy.step_model import CatchupCost, ModeCost
@@ -47,7 +46,6 @@ EXPLORATION_SHARE = 0.01
 # MIN_BUCKET_SAMPLES (4) timed steps; two more verifies firm up the acceptance.
 PROBE_STEPS = 7
 EXPLORATION_CAP_PROBES = 2.0  # the budget saves up for two probes at most, not a burst
-RECENT_DECISIONS = 16  # decisions kept for /server_info
 _OTHER = {DecodeMode.PLAIN: DecodeMode.SPECULATIVE, DecodeMode.SPECULATIVE: DecodeMode.PLAIN}
 
 
@@ -70,9 +68,10 @@ class ThroughputPolicyConfig:
         return min(batch_size * min(plain_run, self.catchup_window), self.catchup_max_tokens)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Decision:
-    """One decided step, with what the policy predicted (filled in with the measured time)."""
+    """One decided step and what the policy predicted (``observability.decision_log`` adds the
+    measured time)."""
 
     step: int
     mode: DecodeMode
@@ -85,7 +84,6 @@ class Decision:
     spec_tokens: float  # a speculative step's predicted tokens at the projected batch
     predicted_ms: Optional[float]
     reason: str
-    measured_ms: Optional[float] = None
 
     def as_dict(self) -> Dict[str, object]:
         out = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in vars(self).items()}
@@ -120,9 +118,7 @@ class ThroughputPolicy:
         # Largest batch each mode's graphs were timed at (step 2 of the module docstring).
         self._largest = (self.costs[DecodeMode.PLAIN].buckets[-1], min(
             config.max_speculative_batch, self.costs[DecodeMode.SPECULATIVE].buckets[-1]))
-        self.recent: Deque[Decision] = deque(maxlen=RECENT_DECISIONS)  # newest last (and the trace's)
-        self._measured: Deque[Decision] = deque(maxlen=RECENT_DECISIONS)
-        self._by_step: Dict[int, Decision] = {}
+        self.latest: Optional[Decision] = None  # the latest decision (logged, traced)
 
     @property
     def mode(self) -> DecodeMode:
@@ -146,10 +142,6 @@ class ThroughputPolicy:
         bucket = cost.bucket_of(batch_size)
         if bucket is not None:
             cost.add(bucket, kv_tokens, ms, batch_size, step)
-        decision = self._by_step.pop(step, None)
-        if decision is not None and decision.mode is mode:
-            decision.measured_ms = ms
-            self._measured.append(decision)
 
     def add_catchup(self, tokens: int, ms: float) -> None:
         self.catchup.add(tokens, ms)
@@ -272,48 +264,12 @@ class ThroughputPolicy:
         self._mode = mode
         self._plain_run = self._plain_run + 1 if mode is DecodeMode.PLAIN else 0
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
-        decision = Decision(
+        self.latest = Decision(
             step=obs.step or self._step, mode=mode, batch=obs.batch_size, projected_batch=projected,
             kv_tokens=obs.kv_tokens, queued=obs.queued, plain_tok_per_s=1000 * r_plain,
             spec_tok_per_s=1000 * r_spec, spec_tokens=y_spec, predicted_ms=predicted, reason=reason)
-        self.recent.append(decision)
-        self._by_step[decision.step] = decision
-        if len(self._by_step) > 4 * RECENT_DECISIONS:  # steps whose time never came back
-            for step in sorted(self._by_step)[: len(self._by_step) - 4 * RECENT_DECISIONS]:
-                del self._by_step[step]
-
-    def describe(self) -> Dict[str, object]:
-        """Configuration and priors: a trace's first line, rebuilt by a replay."""
-        modes = (DecodeMode.PLAIN, DecodeMode.SPECULATIVE)
-        return {
-            "buckets": {m.value: list(self.costs[m].buckets) for m in modes},
-            "calibration": {m.value: {str(b): round(ms, 5)
-                                      for b, ms in self.costs[m].calibration.items()}
-                            for m in modes},
-            "per_kv_token_ms": {m.value: self.costs[m].prior_per_kv_token_ms for m in modes},
-            "catchup_prior_fixed_ms": self.catchup.prior_fixed_ms,
-            "max_acceptance": self.acceptance.max_acceptance,
-            **vars(self.config),
-        }
-
-    def crossover_batch(self, kv_tokens_per_request: float = 0.0) -> int:
-        """Largest speculative bucket predicted to pay at the server-wide acceptance (0: none)."""
-        acceptance = self.acceptance.server_mean or self.acceptance.max_acceptance
-        plain, spec = self.costs[DecodeMode.PLAIN], self.costs[DecodeMode.SPECULATIVE]
-        paying = [b for b in spec.buckets
-                  if (t_plain := plain.predict(b, kv_tokens_per_request * b))
-                  and (t_spec := spec.predict(b, kv_tokens_per_request * b))
-                  and acceptance * t_plain >= t_spec]
-        return max(paying, default=0)
-
-    def prediction_error(self) -> Optional[float]:
-        """Mean |predicted - measured| / measured over the recent decisions with both."""
-        errors = [abs(d.predicted_ms - d.measured_ms) / d.measured_ms for d in self._measured
-                  if d.predicted_ms and d.measured_ms]
-        return sum(errors) / len(errors) if errors else None
 
     def report(self) -> Dict[str, ReportValue]:
-        error = self.prediction_error()
         server_mean = self.acceptance.server_mean
         return {
             "policy": "throughput",
@@ -323,12 +279,9 @@ class ThroughputPolicy:
             "decisions_by_reason": dict(self.reasons),
             "exploration_budget_ms": round(self._budget_ms, 3),
             "acceptance_estimate": round(server_mean, 4) if server_mean is not None else 0.0,
-            "prediction_error": round(error, 4) if error is not None else 0.0,
             "plain_cost": self.costs[DecodeMode.PLAIN].report(),
             "speculative_cost": self.costs[DecodeMode.SPECULATIVE].report(),
             "catchup_ms_per_100_tokens": round(self.catchup.predict(100), 3),
-            # The latest decisions whose step time came back, then the latest one.
-            "recent_decisions": [d.as_dict() for d in [*self._measured, *list(self.recent)[-1:]]],
         }
 
 def new_throughput_policy(
