@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_dynamic_eagle.engine.observations import PolicyFeed
 from sglang_dynamic_eagle.observability.decision_log import RECENT_DECISIONS, DecisionLog
-from sglang_dynamic_eagle.policy import DecodeMode
+from sglang_dynamic_eagle.policy import DecodeMode, ThresholdPolicy, ThresholdPolicyConfig
 from sglang_dynamic_eagle.policy.throughput import Decision
 
 PLAIN, SPEC = DecodeMode.PLAIN, DecodeMode.SPECULATIVE
@@ -46,5 +47,13 @@ def test_a_time_of_the_other_mode_or_of_a_forgotten_step_is_not_logged() -> None
 
 def test_nothing_decided_reports_nothing() -> None:
     log = DecisionLog()
-    log.decided(None)  # the fixed thresholds decide without predictions
+    log.decided(None)  # an automatic policy before its first decision
     assert log.report() == {"prediction_error": 0.0, "recent_decisions": []}
+
+
+def test_the_fixed_thresholds_report_no_decisions() -> None:
+    """They predict nothing: their feed reports the crossover (0) and no decision log."""
+    policy = ThresholdPolicy(ThresholdPolicyConfig(24, 16, 4, 128))
+    feed = PolicyFeed(policy)
+    feed.step_end(1, 0.0, 0.0)
+    assert feed.report() == {"crossover_batch": 0}

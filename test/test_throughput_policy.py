@@ -13,7 +13,6 @@ from typing import Callable, Iterable, List, Optional, Sequence
 import numpy as np
 import pytest
 
-from sglang_dynamic_eagle.observability.decision_log import DecisionLog
 from sglang_dynamic_eagle.policy import (DecodeMode, StepObservation, ThresholdPolicy,
                                          ThresholdPolicyConfig)
 from sglang_dynamic_eagle.policy.replay import (World, _bucket, load_recorded, oracle_rate,
@@ -347,31 +346,32 @@ def test_a_lone_request_that_accepts_nothing_costs_no_more_than_the_share() -> N
     assert result.ms - plain_ms <= 1.25 * EXPLORATION_SHARE * plain_ms
 
 
-class LoggedPolicy:
-    """A policy whose decisions and step times also go to a decision log (as the worker's
-    policy feed does)."""
+class FedPolicy:
+    """A policy driven as the worker drives it: each decided step ends at its feed's
+    ``step_end`` (the decision log's entry), step times come back through the feed."""
 
     def __init__(self, policy) -> None:
-        self.policy, self.log = policy, DecisionLog()
+        from sglang_dynamic_eagle.engine.observations import PolicyFeed
+
+        self.policy, self.feed = policy, PolicyFeed(policy)
 
     def __getattr__(self, name: str):
         return getattr(self.policy, name)
 
     def decide(self, obs: StepObservation) -> DecodeMode:
         mode = self.policy.decide(obs)
-        self.log.decided(self.policy.latest)
+        self.feed.step_end(self.policy.step, 0.0, 0.0)
         return mode
 
     def add_step_time(self, step: int, mode: DecodeMode, b: int, kv: int, ms: float) -> None:
-        self.policy.add_step_time(step, mode, b, kv, ms)
-        self.log.timed(step, mode, ms)
+        self.feed.step_time(step, mode, b, kv, ms)
 
 
 def test_the_server_report_shows_predictions_and_measurements() -> None:
-    policy = LoggedPolicy(modelled_policy())
+    policy = FedPolicy(modelled_policy())
     world = MODELLED["light-acc2.2"]
     simulate(policy, world, WINDOW)
-    report = policy.log.report()
+    report = policy.feed.report()
     recent = report["recent_decisions"]
     assert recent and {"plain_tok_per_s", "spec_tok_per_s", "predicted_ms", "measured_ms",
                         "reason"} <= set(recent[0])

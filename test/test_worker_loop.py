@@ -536,7 +536,11 @@ def test_the_queue_and_the_remaining_tokens_reach_the_throughput_policy(worker) 
     assert reasons == ["stay", "predicted gain", "predicted gain", "predicted gain"]
 
 
-def test_verifies_catchups_and_step_times_reach_the_throughput_policy(worker) -> None:
+@pytest.mark.parametrize("trace", [False, True], ids=["untraced", "traced"])
+def test_verifies_catchups_and_step_times_reach_the_throughput_policy(worker, trace, tmp_path,
+                                                                      monkeypatch) -> None:
+    if trace:  # the traced feed must pass everything on, and report as the feed does
+        monkeypatch.setenv(TRACE_ENV, str(tmp_path / "trace.jsonl"))
     policy = throughput_policy()
     use_policy(worker, policy)
     catchups = []
