@@ -222,3 +222,21 @@ def test_predicted_tokens_and_step_time_of_speculative_steps_apart(tmp_path) -> 
     path.write_text("".join(json.dumps({k: v for k, v in line.items() if k not in ("ys", "pt")}) + "\n"
                             for line in lines))
     assert "Speculative steps without a queue" not in render(path, replay=False)  # older traces
+
+
+def test_the_wait_for_the_step_in_flight_weighs_long_steps_by_their_length(tmp_path) -> None:
+    """A Poisson arrival lands in a step with probability proportional to its length and waits
+    half of it: steps of 10 and 30 ms in equal numbers give (100 + 900) / (2 * 40) = 12.5 ms, not
+    half the mean (10). Were they plain at 10 requests and 1,000 tokens/s predicted, 10 ms each:
+    5 ms. Steps predicted at a larger projected batch ("pb") are left out of both."""
+    path = tmp_path / "trace.jsonl"
+    lines = []
+    for n in range(1, 22):
+        step = {"k": "step", "step": n, "t": 0.05 * n, "mode": "speculative", "b": 10, "kv": 9000, "q": 0,
+                "pp": 1000}
+        if n == 21:
+            step.update(q=50, pb=60, pp=2000)
+        lines += [step, {"k": "time", "step": n, "ms": 500.0 if n == 21 else (10.0 if n % 2 else 30.0)}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert ("Wait of an arrival for the decode step in flight (20 timed steps): 12.50 ms; 5.00 ms were they "
+            "plain (predicted)") in render(path, replay=False)

@@ -19,8 +19,10 @@ requests accept differently and the slow ones hold the batch. Catch-ups (their G
 that compiles at a new shape stands out) and host stalls (a step whose host time is many times
 its mode's median: a compile, a garbage collection) are listed, and, where the trace has them,
 the tokens and milliseconds the policy predicted for its speculative steps against the verified
-and measured ones. A trace in which one mode never ran a timed step is not replayed (a replay
-costs both modes from the whole trace's own steps); it says so.
+and measured ones, and the time a new request waits for the decode step in flight before its
+prefill (part of its time to first token), beside that wait were the same steps plain. A trace
+in which one mode never ran a timed step is not replayed (a replay costs both modes from the
+whole trace's own steps); it says so.
 """
 
 from __future__ import annotations
@@ -183,6 +185,31 @@ def prediction_line(records: Sequence[dict], origin: float,
             f"measured {took:.2f} ({100 * (pt / took - 1):+.1f}%)")
 
 
+def in_flight_wait_ms(step_ms: Sequence[float]) -> float:
+    """Mean time a request arriving at random (Poisson) waits for the decode step in flight:
+    it lands in a step with probability proportional to the step's length, half-way on average,
+    so ``E[t^2] / (2 E[t])``."""
+    return sum(t * t for t in step_ms) / (2 * sum(step_ms))
+
+
+def wait_line(records: Sequence[dict], origin: float,
+              span: Optional[Tuple[float, float]] = None) -> Optional[str]:
+    """The wait for the decode step in flight (before a new request's prefill can run: part of
+    its time to first token) over the timed steps, and over the same steps were they plain, as
+    the policy predicted them (``pp``, tokens per second; steps predicted at a larger projected
+    batch than ran are left out of both)."""
+    times = {r["step"]: r["ms"] for r in records if r.get("k") == "time"}
+    steps = [r for r in records if r.get("k") == "step" and r["step"] in times and "pb" not in r
+             and _in_span(r["t"], origin, span)]
+    if not steps:
+        return None
+    line = (f"Wait of an arrival for the decode step in flight ({len(steps)} timed steps): "
+            f"{in_flight_wait_ms([times[r['step']] for r in steps]):.2f} ms")
+    if all(r.get("pp") for r in steps):
+        line += f"; {in_flight_wait_ms([1000.0 * r['b'] / r['pp'] for r in steps]):.2f} ms were they plain (predicted)"
+    return line
+
+
 def stall_line(records: Sequence[dict], origin: float,
                span: Optional[Tuple[float, float]] = None) -> Optional[str]:
     """Decode steps whose host time (the mode's step call) exceeds ``HOST_STALL_FACTOR`` times
@@ -223,7 +250,8 @@ def render(path: Path, windows: int = 1, replay: bool = True,
                   "| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
         lines += ["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in prefills]
     for line in (acceptance_line(records, steps[0].t, span), prediction_line(records, steps[0].t, span),
-                 catchup_line(records, steps[0].t, span), stall_line(records, steps[0].t, span)):
+                 catchup_line(records, steps[0].t, span), wait_line(records, steps[0].t, span),
+                 stall_line(records, steps[0].t, span)):
         if line:
             lines += ["", line]
     unmeasured = [m.value for m in DecodeMode if not any(s.mode is m and s.ms for s in steps)]
