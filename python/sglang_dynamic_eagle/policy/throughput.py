@@ -216,13 +216,8 @@ class ThroughputPolicy:
 
     def _switch_or_stay(self, obs, projected, kv, t_plain, y_plain, t_spec, y_spec):
         current = self._mode
-        if current is DecodeMode.PLAIN:
-            loss = t_plain - y_plain * t_spec / y_spec if y_spec > 0 else -t_plain
-            switch_cost = self._catchup_ms(obs.batch_size)
-        else:
-            loss = t_spec - y_spec * t_plain / y_plain
-            switch_cost = 0.0
-        self._loss_ms = max(0.0, self._loss_ms + loss)
+        switch_cost = self._catchup_ms(obs.batch_size) if current is DecodeMode.PLAIN else 0.0
+        self._loss_ms = max(0.0, self._loss_ms + _step_loss(current, t_plain, y_plain, t_spec, y_spec))
         if self._loss_ms > switch_cost:
             return _OTHER[current], "predicted gain"
         probe = self._probe_cost(obs, projected, kv, t_plain, y_plain, t_spec, y_spec)
@@ -234,9 +229,10 @@ class ThroughputPolicy:
         return current, "stay"
 
     def _probe_cost(self, obs, projected, kv, t_plain, y_plain, t_spec, y_spec) -> Optional[float]:
-        """Predicted loss of a probe of the other mode; None where the prediction already favours
-        it (the loss accounting's call), where the budget cannot cover the probe's catch-up (its
-        least loss), or where it cannot win even at its best."""
+        """Predicted loss of a probe of the other mode, its catch-up included (a probe of plain
+        decoding pays one on returning); None where the prediction already favours it (the loss
+        accounting's call), where the budget cannot cover the catch-up, or where the other mode
+        cannot win even at its best."""
         if (y_spec / t_spec > y_plain / t_plain) is (self._mode is DecodeMode.PLAIN):
             return None
         catchup = (self._catchup_ms(obs.batch_size) if self._mode is DecodeMode.PLAIN else
@@ -244,15 +240,12 @@ class ThroughputPolicy:
         if catchup > self._budget_ms:
             return None
         best_t_plain, _, best_t_spec, best_y_spec = self._rates(obs, projected, kv, optimistic=True)
-        if self._mode is DecodeMode.PLAIN:
-            if not best_t_spec or best_y_spec / best_t_spec <= y_plain / t_plain:
-                return None
-            per_step = max(0.0, t_spec - y_spec * t_plain / y_plain)
-            return PROBE_STEPS * per_step + catchup
-        if not best_t_plain or y_plain / best_t_plain <= y_spec / t_spec:
+        other = _OTHER[self._mode]
+        best_t, best_y, now = ((best_t_plain, y_plain, y_spec / t_spec) if other is DecodeMode.PLAIN
+                               else (best_t_spec, best_y_spec, y_plain / t_plain))
+        if not best_t or best_y / best_t <= now:
             return None
-        per_step = max(0.0, t_plain - y_plain * t_spec / y_spec) if y_spec > 0 else 0.0
-        return PROBE_STEPS * per_step + catchup  # returning pays the probe's catch-up
+        return PROBE_STEPS * max(0.0, _step_loss(other, t_plain, y_plain, t_spec, y_spec)) + catchup
 
     def _catchup_ms(self, batch_size: int) -> float:
         return self.catchup.predict(self.config.catchup_tokens(batch_size, self._plain_run))
@@ -283,6 +276,14 @@ class ThroughputPolicy:
             "speculative_cost": self.costs[DecodeMode.SPECULATIVE].report(),
             "catchup_ms_per_100_tokens": round(self.catchup.predict(100), 3),
         }
+
+def _step_loss(mode: DecodeMode, t_plain: float, y_plain: float, t_spec: float, y_spec: float) -> float:
+    """Milliseconds a step of ``mode`` loses against the other mode serving the same tokens
+    (negative: it gains); a speculative step predicted to yield nothing is all loss."""
+    if mode is DecodeMode.PLAIN:
+        return t_plain - y_plain * t_spec / y_spec if y_spec > 0 else -t_plain
+    return t_spec - y_spec * t_plain / y_plain
+
 
 def new_throughput_policy(
     config: ThroughputPolicyConfig,
