@@ -26,7 +26,6 @@ OWN_OBJECTS = {
     f"{NAME}.observability.prefill_timing.PrefillTimer.target_done": "its PrefillEvents",
     f"{NAME}.observability.prefill_timing.PrefillTimer.stop": "its PrefillEvents",
     f"{NAME}.sglang_compat.startup_errors.one_line_excepthook": "the hook it defines",
-    f"{NAME}.policy.throughput.ThroughputPolicy.add_step_time": "its decision records",
     f"{NAME}.engine.worker.DynamicEagleWorker.init_cuda_graphs": "its prefill timer's trace sink",
 }
 TOP_LEVEL, IN_FUNCTION = "top level", "in a function"

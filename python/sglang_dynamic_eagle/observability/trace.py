@@ -143,9 +143,6 @@ class TracedFeed:
         """A prefill batch's GPU time (``PrefillTimer.sink``: traced only)."""
         self._trace.prefill(tokens, target_ms, draft_ms)
 
-    def crossover_batch(self) -> int:
-        return self.feed.crossover_batch()
-
     def report(self) -> dict:
         return self.feed.report()
 
