@@ -163,12 +163,12 @@ def run_workload(plan: argparse.Namespace, client: bench.BenchClient, running: s
 
 def benchmark_group(plan: argparse.Namespace, group: tuple[str, ...], served: dict[str, server.RunningServer],
                     document: dict, client: bench.BenchClient, deadline: float) -> None:
-    """Warm each server up (as round --rounds: a seed of its own; kept under "warmups"), then each workload and round."""
+    """Warm each server up (as round --rounds: own seed; under "warmups"), then each round of every workload."""
     for running, warm_up in ((r, w) for r in served.values() for w in plan.warmups if server.server_is_running(r)):
         record = run_workload(plan, client, running, warm_up, 0, plan.rounds, deadline)
         document.setdefault("warmups", []).append({k: record[k] for k in ("config", "workload", "status", "error")})
-    for index, workload in enumerate(plan.workloads):
-        for round_index in range(plan.rounds):
+    for round_index in range(plan.rounds):
+        for index, workload in enumerate(plan.workloads):
             for name in run_order(group, index, round_index):
                 problem = SKIPPED if deadline - time.monotonic() < workload.expected_s() else (
                     None if name in served and server.server_is_running(served[name]) else "server not running")

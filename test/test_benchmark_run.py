@@ -180,6 +180,14 @@ def test_a_spent_time_budget_skips_what_would_not_end_in_time(fakes, monkeypatch
         ("poisson-5", "skipped", "time budget spent"), ("closed-2", "skipped", "time budget spent")]
 
 
+def test_rounds_are_outermost_so_a_spent_budget_drops_later_rounds_not_whole_workloads(fakes):
+    out = fakes / "out"
+    assert main(out, "--configs", "plain", "--workload", "closed-1,closed-2", "--rounds", "2", "--warmup", "none") == 0
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert [(r["workload"], r["round"]) for r in runs] == [
+        ("closed-1", 0), ("closed-2", 0), ("closed-1", 1), ("closed-2", 1)]
+
+
 def test_a_run_still_going_at_the_end_of_the_budget_is_stopped_and_skipped(fakes, monkeypatch):
     monkeypatch.setattr(run, "MIN_GROUP_WINDOW_S", 0.0)
     monkeypatch.setattr(workloads, "SEGMENT_OVERHEAD_S", 0.0)
