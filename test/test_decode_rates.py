@@ -1,0 +1,64 @@
+"""tools/decode_rates.py: sglang's decode log lines read per server and batch size (a diagnostic
+over logs; no speed is asserted of any server)."""
+
+from __future__ import annotations
+
+import lzma
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import decode_rates  # noqa: E402
+
+
+def line(running: int, rate: float, queued: int = 0) -> str:
+    return (f"[2026-12-06 03:07:04] Decode batch, #running-req: {running}, #token: 22416, token usage: 0.19, "
+            f"accept len: 3.00, accept rate: 0.67, cuda graph: True, gen throughput (token/s): {rate:.2f}, "
+            f"#queue-req: {queued}")
+
+
+LOG = "\n".join([
+    "===== eagle3: last lines of the server log =====",
+    line(32, 8000), line(32, 7900), line(32, 300),  # the slow one held a prefill: the median ignores it
+    line(32, 100, queued=5),  # a queue: prefills interleave, left out
+    line(4, 1400),
+    "[2026-12-06 03:07:05] Prefill batch, #new-seq: 1, #new-token: 512",
+    "===== dynamic: last lines of the server log =====",
+    line(32, 7400), line(32, 7420), line(32, 7380),
+])
+
+
+def test_rates_are_kept_per_server_and_batch_size_without_queued_lines():
+    rates = decode_rates.decode_rates(LOG)
+    assert rates == {"eagle3": {32: [8000.0, 7900.0, 300.0], 4: [1400.0]},
+                     "dynamic": {32: [7400.0, 7420.0, 7380.0]}}
+
+
+def test_the_table_gives_medians_and_leaves_thin_cells_out():
+    rows = decode_rates.table(decode_rates.decode_rates(LOG), min_lines=3)
+    assert rows[0] == "| running requests | eagle3 (lines) | dynamic (lines) |"
+    assert rows[2:] == ["| 32 | 7900 (3) | 7400 (3) |"]  # batch 4 has one line: below --min-lines
+    assert decode_rates.table(decode_rates.decode_rates(LOG), min_lines=1)[2] == "| 4 | 1400 (1) | - |"
+
+
+def test_the_command_reads_compressed_logs_and_refuses_bad_input(tmp_path, capsys):
+    path = tmp_path / "server_logs_tail.txt.xz"
+    with lzma.open(path, "wt") as f:
+        f.write(LOG)
+    assert decode_rates.main([str(path)]) == 0
+    assert "| 32 | 7900 (3) | 7400 (3) |" in capsys.readouterr().out
+    plain_log = tmp_path / "server_plain.log"
+    plain_log.write_text(line(8, 1500) + "\n" + line(8, 1550) + "\n" + line(8, 1525))
+    assert decode_rates.main([str(plain_log)]) == 0
+    assert "| 8 | 1525 (3) |" in capsys.readouterr().out
+    empty = tmp_path / "empty.log"
+    empty.write_text("nothing decoded\n")
+    assert decode_rates.main([str(empty)]) == 1
+    with pytest.raises(SystemExit):
+        decode_rates.main([str(tmp_path / "missing.log")])
+    with pytest.raises(SystemExit):
+        decode_rates.main([str(path), "--min-lines", "0"])
