@@ -4,8 +4,9 @@
 over the lines at each running-request count, per server. Each line's X is sglang's tokens over
 the time since its previous decode log line (``--decode-log-interval`` steps, 40 by default),
 prefills and idle gaps in it included: in a closed loop most intervals also hold the prefills of
-the requests that replaced finished ones, so compare servers at the same load (the same prefills),
-not against a step model. What it separates is the speed at each batch size from the mix of batch
+the requests that replaced finished ones, so compare servers at the same load decoding in the
+same mode (a faster decode leaves the prefills a larger share of each interval: a speculative
+server's lines understate its lead over a plain one), not against a step model. What it separates is the speed at each batch size from the mix of batch
 sizes and, for EAGLE3_DYNAMIC, from the mode chosen elsewhere. A benchmark's
 ``server_logs_tail.txt`` (sections "===== NAME: last lines of the server log =====") or plain
 server logs, one server each.
