@@ -37,7 +37,7 @@ SETTINGS = ("configs", "schedule", "rounds", "warmup", "goodput_tpot_ms", "visib
 
 def run_order(names: tuple[str, ...], workload_index: int, round_index: int) -> list[str]:
     """The servers of one round of a workload: rotated by one per workload, reversed every other
-    round (A B B A with two rounds of one workload), so no configuration always runs first."""
+    round (A B in round 0, B A in round 1), so no configuration always runs first."""
     shift = workload_index % len(names)
     order = list(names[shift:] + names[:shift])
     return order[::-1] if round_index % 2 else order

@@ -55,6 +55,14 @@ def test_the_command_reads_compressed_logs_and_refuses_bad_input(tmp_path, capsy
     plain_log.write_text(line(8, 1500) + "\n" + line(8, 1550) + "\n" + line(8, 1525))
     assert decode_rates.main([str(plain_log)]) == 0
     assert "| 8 | 1525 (3) |" in capsys.readouterr().out
+    # Two benchmark folders: the same server names stay apart, named with their folders.
+    for folder in ("run-a", "run-b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "server_logs_tail.txt").write_text(LOG)
+    assert decode_rates.main([str(tmp_path / "run-a/server_logs_tail.txt"),
+                              str(tmp_path / "run-b/server_logs_tail.txt")]) == 0
+    out = capsys.readouterr().out
+    assert "run-a/eagle3 (lines) | run-a/dynamic (lines) | run-b/eagle3 (lines) | run-b/dynamic (lines)" in out
     empty = tmp_path / "empty.log"
     empty.write_text("nothing decoded\n")
     assert decode_rates.main([str(empty)]) == 1

@@ -7,7 +7,8 @@ prefills and idle gaps in it included: in a closed loop most intervals also hold
 the requests that replaced finished ones, so compare servers at the same load decoding in the
 same mode (a faster decode leaves the prefills a larger share of each interval: a speculative
 server's lines understate its lead over a plain one), not against a step model. What it separates is the speed at each batch size from the mix of batch
-sizes and, for EAGLE3_DYNAMIC, from the mode chosen elsewhere. A benchmark's
+sizes. A cell of few lines mixes intervals with and without a prefill (read its lines where it
+matters), and an EAGLE3_DYNAMIC server's lines in plain mode count with its speculative ones. A benchmark's
 ``server_logs_tail.txt`` (sections "===== NAME: last lines of the server log =====") or plain
 server logs, one server each.
 
@@ -29,7 +30,10 @@ DECODE = re.compile(r"Decode batch, #running-req: (\d+),.*gen throughput \(token
 
 
 def read_text(path: Path) -> str:
-    return lzma.open(path, "rt").read() if path.suffix == ".xz" else path.read_text()
+    if path.suffix != ".xz":
+        return path.read_text()
+    with lzma.open(path, "rt") as f:
+        return f.read()
 
 
 def decode_rates(text: str, default_name: str = "server") -> Dict[str, Dict[int, List[float]]]:
@@ -73,7 +77,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for path in args.logs:
         if not path.is_file():
             parser.error(f"{path}: no such file")
-        rates.update(decode_rates(read_text(path), default_name=path.name.split(".")[0]))
+        for name, by_size in decode_rates(read_text(path), default_name=path.name.split(".")[0]).items():
+            # Several files: each server named with its file's folder, so none replaces another.
+            rates[f"{path.parent.name}/{name}" if len(args.logs) > 1 else name] = by_size
     if not rates:
         print("No decode log lines without a queue (sglang logs one every --decode-log-interval steps).")
         return 1
