@@ -25,7 +25,7 @@ LOG = "\n".join([
     "===== eagle3: last lines of the server log =====",
     line(32, 8000), line(32, 7900), line(32, 300),  # the slow one held a prefill: the median ignores it
     line(32, 100, queued=5),  # a queue: prefills interleave, left out
-    line(4, 1400),
+    line(4, 1400).replace("Decode batch,", "Decode batch [812],"),  # SGLANG_LOG_FORWARD_ITERS=1
     "[2026-12-06 03:07:05] Prefill batch, #new-seq: 1, #new-token: 512",
     "===== dynamic: last lines of the server log =====",
     line(32, 7400), line(32, 7420), line(32, 7380),

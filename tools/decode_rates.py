@@ -18,22 +18,19 @@ server logs, one server each.
 from __future__ import annotations
 
 import argparse
-import lzma
 import re
 import statistics
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+from sglang_dynamic_eagle.policy.replay import read_trace_text  # noqa: E402
+
 SECTION = re.compile(r"^===== (\S+): last lines of the server log =====")
-DECODE = re.compile(r"Decode batch, #running-req: (\d+),.*gen throughput \(token/s\): ([\d.]+), #queue-req: (\d+)")
-
-
-def read_text(path: Path) -> str:
-    if path.suffix != ".xz":
-        return path.read_text()
-    with lzma.open(path, "rt") as f:
-        return f.read()
+# "Decode batch [N]," with SGLANG_LOG_FORWARD_ITERS=1.
+DECODE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.*gen throughput \(token/s\): ([\d.]+), #queue-req: (\d+)")
 
 
 def decode_rates(text: str, default_name: str = "server") -> Dict[str, Dict[int, List[float]]]:
@@ -77,7 +74,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for path in args.logs:
         if not path.is_file():
             parser.error(f"{path}: no such file")
-        for name, by_size in decode_rates(read_text(path), default_name=path.name.split(".")[0]).items():
+        for name, by_size in decode_rates(read_trace_text(path), default_name=path.name.split(".")[0]).items():
             # Several files: each server named with its file's folder, so none replaces another.
             rates[f"{path.parent.name}/{name}" if len(args.logs) > 1 else name] = by_size
     if not rates:
