@@ -104,16 +104,19 @@ def _prior_is(estimator: str):
     from sglang_dynamic_eagle.policy.acceptance import REQUEST_PRIOR_VERIFIES as K, Acceptance
 
     class Shrunk(Acceptance):
-        def _verified_prior(self):
+        def _request_means(self, verifies, accepted, prior):
+            if estimator == "others":
+                return Acceptance._request_means(self, verifies, accepted, prior)
             recent, n = self._sums[0]
 
             def weight(verifies, tokens):
                 others = max(0.0, n - min(verifies, K)) / n
                 return (others * recent + K * self.long_run_mean) / (others * n + K)
 
-            return {"others": Acceptance._verified_prior(self), "weight": weight,
-                    "recent": lambda verifies, tokens: self.server_mean,
-                    "long-run": lambda verifies, tokens: self.long_run_mean}[estimator]
+            own = {"weight": weight, "recent": lambda verifies, tokens: self.server_mean,
+                   "long-run": lambda verifies, tokens: self.long_run_mean}[estimator]
+            return [min(4.0, max(1.0, (a + K * own(v, a)) / (v + K))) if v > 0 else prior
+                    for v, a in zip(verifies, accepted)]
 
     return Shrunk(max_acceptance=4.0)
 
@@ -365,3 +368,46 @@ def test_with_the_prefills_bound_a_compile_among_the_first_catch_ups_is_a_stall(
         priced[with_prefills] = cost.predict(64)
     assert priced[True] < 4.0
     assert priced[False] > 8.0
+
+
+def _reference_means(acceptance, verifies, accepted, prior):
+    """Each request's expected acceptance written as the estimator reads (module docstring of
+    ``policy.acceptance``), with min / max calls: what the policy's loop must equal."""
+    from sglang_dynamic_eagle.policy.acceptance import REQUEST_PRIOR_VERIFIES as K
+    top, long_run = acceptance.max_acceptance, acceptance.long_run_mean
+    recent, recent_n = acceptance._sums[0]
+
+    def own(n, a):
+        if long_run is None:
+            return top
+        share = min(n, K)
+        others_n = max(0.0, recent_n - share)
+        others = min(top * others_n, max(others_n, recent - share * a / n))
+        return (others + K * long_run) / (others_n + K)
+
+    return [min(top, max(1.0, (a + K * own(n, a)) / (n + K))) if n > 0 else prior
+            for n, a in zip(verifies, accepted)]
+
+
+def test_request_means_equal_the_estimator_float_for_float() -> None:
+    """The per-request loop (every request, every decode step) gives the estimator's floats
+    exactly: requests before, at and after their first REQUEST_PRIOR_VERIFIES verifies, means
+    clamped at 1 and at the full acceptance, a recent window holding less than a request's share
+    (after a long plain stretch), and before any verify (no long-run mean)."""
+    import random
+
+    from sglang_dynamic_eagle.policy.acceptance import Acceptance
+    rng = random.Random(7)
+    cases = 0
+    for max_acceptance in (1.0, 2.5, 4.0):
+        acceptance, decode_step = Acceptance(max_acceptance), 0
+        for _ in range(60):
+            verifies = [rng.choice([0, 1, 2, 3, 4, 5, 9, 40]) for _ in range(24)]
+            accepted = [n * rng.choice([0.5, 1.0, 1.7, 3.0, 6.0]) for n in verifies]
+            prior = acceptance.server_mean or max_acceptance
+            got = acceptance._request_means(verifies, accepted, prior)
+            assert got == _reference_means(acceptance, verifies, accepted, prior)
+            cases += len(verifies)
+            decode_step += rng.choice([1, 1, 64])  # a long plain stretch empties the recent window
+            acceptance.add_verify([rng.randint(0, 3) for _ in range(rng.randint(1, 6))], decode_step=decode_step)
+    assert cases == 3 * 60 * 24

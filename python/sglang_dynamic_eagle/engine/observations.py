@@ -109,9 +109,10 @@ def observe(batch, queued: int, acceptance: RequestAcceptance, step: int,
         queued=queued,
         verifies=verifies,
         accepted=accepted,
-        # Tokens each request may still emit (a large number when it sets no limit).
+        # Tokens each request may still emit, at least 1 (a large number when it sets no limit);
+        # no max() call per request: this runs over every request at every decode step.
         remaining=[_NO_LIMIT if (limit := req.sampling_params.max_new_tokens) is None
-                   else max(1, limit - len(req.output_ids)) for req in reqs],
+                   else (left if (left := limit - len(req.output_ids)) > 1 else 1) for req in reqs],
         step=step,
     )
 
