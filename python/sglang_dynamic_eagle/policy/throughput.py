@@ -231,21 +231,20 @@ class ThroughputPolicy:
     def _probe_cost(self, obs, projected, kv, t_plain, y_plain, t_spec, y_spec) -> Optional[float]:
         """Predicted loss of a probe of the other mode, its catch-up included (a probe of plain
         decoding pays one on returning); None where the prediction already favours it (the loss
-        accounting's call), where the budget cannot cover the catch-up, or where the other mode
+        accounting's call), where the exploration budget cannot cover it, or where the other mode
         cannot win even at its best."""
         if (y_spec / t_spec > y_plain / t_plain) is (self._mode is DecodeMode.PLAIN):
             return None
         catchup = (self._catchup_ms(obs.batch_size) if self._mode is DecodeMode.PLAIN else
                    self.catchup.predict(self.config.catchup_tokens(obs.batch_size, PROBE_STEPS)))
-        if catchup > self._budget_ms:
+        other = _OTHER[self._mode]
+        cost = PROBE_STEPS * max(0.0, _step_loss(other, t_plain, y_plain, t_spec, y_spec)) + catchup
+        if cost > self._budget_ms:  # the budget decides first: the best case below costs a _rates
             return None
         best_t_plain, _, best_t_spec, best_y_spec = self._rates(obs, projected, kv, optimistic=True)
-        other = _OTHER[self._mode]
         best_t, best_y, now = ((best_t_plain, y_plain, y_spec / t_spec) if other is DecodeMode.PLAIN
                                else (best_t_spec, best_y_spec, y_plain / t_plain))
-        if not best_t or best_y / best_t <= now:
-            return None
-        return PROBE_STEPS * max(0.0, _step_loss(other, t_plain, y_plain, t_spec, y_spec)) + catchup
+        return None if not best_t or best_y / best_t <= now else cost
 
     def _catchup_ms(self, batch_size: int) -> float:
         return self.catchup.predict(self.config.catchup_tokens(batch_size, self._plain_run))
