@@ -21,27 +21,33 @@ def line(running: int, rate: float, queued: int = 0) -> str:
             f"#queue-req: {queued}")
 
 
+PREFILL = "[2026-12-06 03:07:05] Prefill batch, #new-seq: 1, #new-token: 512, #running-req: 31, #queue-req: 0"
+
 LOG = "\n".join([
     "===== eagle3: last lines of the server log =====",
-    line(32, 8000), line(32, 7900), line(32, 300),  # the slow one held a prefill: the median ignores it
+    line(32, 5000),  # the section's first decode line: its interval starts before the log
+    line(32, 8000), line(32, 7900),
+    PREFILL, line(32, 300),  # its interval held a prefill
     line(32, 100, queued=5),  # a queue: prefills interleave, left out
+    line(32, 7950),
     line(4, 1400).replace("Decode batch,", "Decode batch [812],"),  # SGLANG_LOG_FORWARD_ITERS=1
-    "[2026-12-06 03:07:05] Prefill batch, #new-seq: 1, #new-token: 512",
+    PREFILL,
     "===== dynamic: last lines of the server log =====",
-    line(32, 7400), line(32, 7420), line(32, 7380),
+    line(32, 6000), line(32, 7400), line(32, 7420), line(32, 7380),
 ])
 
 
-def test_rates_are_kept_per_server_and_batch_size_without_queued_lines():
+def test_rates_are_kept_per_server_and_batch_size_from_intervals_without_a_prefill():
     rates = decode_rates.decode_rates(LOG)
-    assert rates == {"eagle3": {32: [8000.0, 7900.0, 300.0], 4: [1400.0]},
+    assert rates == {"eagle3": {32: [8000.0, 7900.0, 7950.0], 4: [1400.0]},
                      "dynamic": {32: [7400.0, 7420.0, 7380.0]}}
+    assert decode_rates.decode_rates(LOG, with_prefill=True) == {"eagle3": {32: [300.0]}}
 
 
 def test_the_table_gives_medians_and_leaves_thin_cells_out():
     rows = decode_rates.table(decode_rates.decode_rates(LOG), min_lines=3)
     assert rows[0] == "| running requests | eagle3 (lines) | dynamic (lines) |"
-    assert rows[2:] == ["| 32 | 7900 (3) | 7400 (3) |"]  # batch 4 has one line: below --min-lines
+    assert rows[2:] == ["| 32 | 7950 (3) | 7400 (3) |"]  # batch 4 has one line: below --min-lines
     assert decode_rates.table(decode_rates.decode_rates(LOG), min_lines=1)[2] == "| 4 | 1400 (1) | - |"
 
 
@@ -50,9 +56,11 @@ def test_the_command_reads_compressed_logs_and_refuses_bad_input(tmp_path, capsy
     with lzma.open(path, "wt") as f:
         f.write(LOG)
     assert decode_rates.main([str(path)]) == 0
-    assert "| 32 | 7900 (3) | 7400 (3) |" in capsys.readouterr().out
+    assert "| 32 | 7950 (3) | 7400 (3) |" in capsys.readouterr().out
+    assert decode_rates.main([str(path), "--with-prefill", "--min-lines", "1"]) == 0
+    assert "| 32 | 300 (1) |\n" in capsys.readouterr().out  # only eagle3 had one
     plain_log = tmp_path / "server_plain.log"
-    plain_log.write_text(line(8, 1500) + "\n" + line(8, 1550) + "\n" + line(8, 1525))
+    plain_log.write_text("\n".join(line(8, rate) for rate in (900, 1500, 1550, 1525)))
     assert decode_rates.main([str(plain_log)]) == 0
     assert "| 8 | 1525 (3) |" in capsys.readouterr().out
     # Two benchmark folders: the same server names stay apart, named with their folders.

@@ -2,17 +2,17 @@
 """Steady decode speed per server and batch size, read from sglang's own decode log lines
 ("Decode batch, #running-req: N, ... gen throughput (token/s): X, #queue-req: Q"): the median X
 over the lines at each running-request count, per server. Each line's X is sglang's tokens over
-the time since its previous decode log line (``--decode-log-interval`` steps, 40 by default),
-prefills and idle gaps in it included: in a closed loop most intervals also hold the prefills of
-the requests that replaced finished ones, so compare servers at the same load decoding in the
-same mode (a faster decode leaves the prefills a larger share of each interval: a speculative
-server's lines understate its lead over a plain one), not against a step model. What it separates is the speed at each batch size from the mix of batch
-sizes. A cell of few lines mixes intervals with and without a prefill (read its lines where it
-matters), and an EAGLE3_DYNAMIC server's lines in plain mode count with its speculative ones. A benchmark's
-``server_logs_tail.txt`` (sections "===== NAME: last lines of the server log =====") or plain
-server logs, one server each.
+the time since its previous decode log line (``--decode-log-interval`` steps, 40 by default), so
+an interval that held a prefill reads slower: in a closed loop about every other interval holds
+the prefill of a request that replaced a finished one. Only intervals without a prefill count
+(no "Prefill batch" line since the server's previous decode line; a server's first decode line,
+whose interval starts before the log, and lines with requests queued are left out);
+``--with-prefill`` shows the others instead. What it separates is the speed at each batch size
+from the mix of batch sizes and from prefills; an EAGLE3_DYNAMIC server's lines in plain mode
+count with its speculative ones. A benchmark's ``server_logs_tail.txt`` (sections "===== NAME:
+last lines of the server log =====") or plain server logs, one server each.
 
-    python3 tools/decode_rates.py benchmark/results/<folder>/server_logs_tail.txt[.xz] [--min-lines 3]
+    python3 tools/decode_rates.py benchmark/results/<folder>/server_logs_tail.txt[.xz] [--min-lines 3] [--with-prefill]
 """
 
 from __future__ import annotations
@@ -30,22 +30,31 @@ from sglang_dynamic_eagle.policy.replay import read_trace_text  # noqa: E402
 
 SECTION = re.compile(r"^===== (\S+): last lines of the server log =====")
 # "Decode batch [N]," with SGLANG_LOG_FORWARD_ITERS=1.
+PREFILL = "Prefill batch"
 DECODE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.*gen throughput \(token/s\): ([\d.]+), #queue-req: (\d+)")
 
 
-def decode_rates(text: str, default_name: str = "server") -> Dict[str, Dict[int, List[float]]]:
-    """{server: {running requests: [gen tokens/s of each decode log line]}}; lines with requests
-    queued are left out (a queue means prefills interleave with the decode steps)."""
+def decode_rates(text: str, default_name: str = "server",
+                 with_prefill: bool = False) -> Dict[str, Dict[int, List[float]]]:
+    """{server: {running requests: [gen tokens/s of each decode log line]}} of the lines whose
+    interval held no prefill (``with_prefill``: of those whose interval held one); lines with
+    requests queued, and each server's first decode line, are left out (module docstring)."""
     rates: Dict[str, Dict[int, List[float]]] = {}
-    name = default_name
+    name, after_decode, prefill_since = default_name, False, False
     for line in text.splitlines():
         section = SECTION.match(line)
         if section:
-            name = section.group(1)
+            name, after_decode, prefill_since = section.group(1), False, False
+            continue
+        if PREFILL in line:
+            prefill_since = True
             continue
         decode = DECODE.search(line)
-        if decode and int(decode.group(3)) == 0:
+        if not decode:
+            continue
+        if after_decode and int(decode.group(3)) == 0 and prefill_since == with_prefill:
             rates.setdefault(name, {}).setdefault(int(decode.group(1)), []).append(float(decode.group(2)))
+        after_decode, prefill_since = True, False
     return rates
 
 
@@ -67,6 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("logs", type=Path, nargs="+", help="server_logs_tail.txt[.xz] or server logs")
     parser.add_argument("--min-lines", type=int, default=3, help="decode log lines a cell needs")
+    parser.add_argument("--with-prefill", action="store_true", help="the intervals that held a prefill instead")
     args = parser.parse_args(argv)
     if args.min_lines < 1:
         parser.error(f"--min-lines {args.min_lines}: give 1 or more")
@@ -74,13 +84,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for path in args.logs:
         if not path.is_file():
             parser.error(f"{path}: no such file")
-        for name, by_size in decode_rates(read_trace_text(path), default_name=path.name.split(".")[0]).items():
+        for name, by_size in decode_rates(read_trace_text(path), path.name.split(".")[0],
+                                              args.with_prefill).items():
             # Several files: each server named with its file's folder, so none replaces another.
             rates[f"{path.parent.name}/{name}" if len(args.logs) > 1 else name] = by_size
     if not rates:
-        print("No decode log lines without a queue (sglang logs one every --decode-log-interval steps).")
+        print("No decode log lines of that kind without a queue (sglang logs one every --decode-log-interval steps).")
         return 1
-    print(f"Median decode tokens/s by running requests (sglang's decode log, no queue), {args.min_lines}+ lines:\n")
+    kind = "with a prefill" if args.with_prefill else "without a prefill"
+    print(f"Median decode tokens/s by running requests (sglang's decode log, intervals {kind}, no queue), "
+          f"{args.min_lines}+ lines:\n")
     print("\n".join(table(rates, args.min_lines)))
     return 0
 
