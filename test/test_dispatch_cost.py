@@ -25,7 +25,16 @@ def test_every_step_of_the_trace_is_timed_once_in_its_mode_and_batch_row():
         for low, high in dispatch_cost.RANGES:
             expected = sum(1 for s in steps if s.mode.value == mode and low <= s.batch <= high)
             assert len(rows.get((mode, (low, high)), [])) == expected
-    assert all(t > 0 for times in rows.values() for t in times)
+    assert all(0 < before <= t for times in rows.values() for t, before in times)
+
+
+def test_the_part_before_the_launch_leaves_the_steps_results_out(monkeypatch):
+    # What follows the decision (here the decision log's entry, made to last 0.3 ms) is not in it.
+    import time
+
+    monkeypatch.setattr(dispatch_cost.PolicyFeed, "step_end", lambda self, *args: time.sleep(3e-4))
+    rows = dispatch_cost.time_trace(TRACE)
+    assert all(t - before >= 300 for times in rows.values() for t, before in times)
 
 
 def test_verify_results_reach_the_records_as_accepted_drafts(monkeypatch):
@@ -40,7 +49,7 @@ def test_verify_results_reach_the_records_as_accepted_drafts(monkeypatch):
 def test_the_table_names_each_row(capsys):
     assert dispatch_cost.main([str(TRACE), "--repeat", "1"]) == 0
     out = capsys.readouterr().out
-    assert "| speculative | 1-8 |" in out and "| plain | 33-128 |" in out
+    assert "| speculative | 1-8 |" in out and "| plain | 33-128 |" in out and "before the launch" in out
     with pytest.raises(SystemExit):
         dispatch_cost.main([str(TRACE), "--repeat", "0"])
 
