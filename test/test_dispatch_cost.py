@@ -28,13 +28,24 @@ def test_every_step_of_the_trace_is_timed_once_in_its_mode_and_batch_row():
     assert all(0 < before <= t for times in rows.values() for t, before in times)
 
 
-def test_the_part_before_the_launch_leaves_the_steps_results_out(monkeypatch):
-    # What follows the decision (here the decision log's entry, made to last 0.3 ms) is not in it.
+def test_the_part_before_the_launch_holds_the_decision_and_not_the_steps_results(monkeypatch):
+    # The decision log's entry follows the launch, the view of the batch precedes it: each made
+    # to last 0.3 ms.
     import time
 
+    view = dispatch_cost.observe
+    monkeypatch.setattr(dispatch_cost, "observe", lambda *args: (time.sleep(3e-4), view(*args))[1])
     monkeypatch.setattr(dispatch_cost.PolicyFeed, "step_end", lambda self, *args: time.sleep(3e-4))
     rows = dispatch_cost.time_trace(TRACE)
-    assert all(t - before >= 300 for times in rows.values() for t, before in times)
+    assert all(before >= 300 and t - before >= 300 for times in rows.values() for t, before in times)
+
+
+def test_each_row_shows_the_fastest_pass_and_its_part_before_the_launch(monkeypatch, capsys):
+    passes = iter([{("speculative", (1, 8)): [(50.0, 20.0), (60.0, 30.0), (70.0, 40.0)]},
+                   {("speculative", (1, 8)): [(40.0, 10.0), (44.0, 12.0), (90.0, 14.0)]}])
+    monkeypatch.setattr(dispatch_cost, "time_trace", lambda *args: next(passes))
+    assert dispatch_cost.main([str(TRACE), "--repeat", "2"]) == 0
+    assert "| speculative | 1-8 | 3 | 44 | 44 | 12 |" in capsys.readouterr().out
 
 
 def test_verify_results_reach_the_records_as_accepted_drafts(monkeypatch):

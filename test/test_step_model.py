@@ -115,7 +115,7 @@ def _prior_is(estimator: str):
 
             own = {"weight": weight, "recent": lambda verifies, tokens: self.server_mean,
                    "long-run": lambda verifies, tokens: self.long_run_mean}[estimator]
-            return [min(4.0, max(1.0, (a + K * own(v, a)) / (v + K))) if v > 0 else prior
+            return [min(self.max_acceptance, max(1.0, (a + K * own(v, a)) / (v + K))) if v > 0 else prior
                     for v, a in zip(verifies, accepted)]
 
     return Shrunk(max_acceptance=4.0)
@@ -403,7 +403,8 @@ def test_request_means_equal_the_estimator_float_for_float() -> None:
         acceptance, decode_step = Acceptance(max_acceptance), 0
         for _ in range(60):
             verifies = [rng.choice([0, 1, 2, 3, 4, 5, 9, 40]) for _ in range(24)]
-            accepted = [n * rng.choice([0.5, 1.0, 1.7, 3.0, 6.0]) for n in verifies]
+            accepted = ([n * rng.choice([0.5, 1.0, 1.7, 3.0, 6.0]) for n in verifies] if rng.random() < 0.5
+                        else [n + rng.randint(0, 3 * n) for n in verifies])  # ints, as the records hold
             prior = acceptance.server_mean or max_acceptance
             got = acceptance._request_means(verifies, accepted, prior)
             assert got == _reference_means(acceptance, verifies, accepted, prior)

@@ -3,13 +3,17 @@
 ("Decode batch, #running-req: N, ... gen throughput (token/s): X, #queue-req: Q"): the median X
 over the lines at each running-request count, per server. Each line's X is sglang's tokens over
 the time since its previous decode log line (``--decode-log-interval`` steps, 40 by default), so
-an interval that held a prefill reads slower: in a closed loop about every other interval holds
-the prefill of a request that replaced a finished one. Only intervals without a prefill count
-(no "Prefill batch" line since the server's previous decode line; a server's first decode line,
-whose interval starts before the log, and lines with requests queued are left out);
-``--with-prefill`` shows the others instead. What it separates is the speed at each batch size
-from the mix of batch sizes and from prefills; an EAGLE3_DYNAMIC server's lines in plain mode
-count with its speculative ones. A benchmark's ``server_logs_tail.txt`` (sections "===== NAME:
+an interval that held a prefill reads slower (in the closed runs of 2026-12-06 one speculative
+line in two held one; a wave's first interval also holds the idle gap before it). Only intervals
+without a prefill count (no "Prefill batch" line since the server's previous decode line; a
+server's first decode line, whose interval starts before the log, and lines with requests queued
+are left out); ``--with-prefill`` shows the others instead, idle gaps included. What it
+separates is the speed at each batch size from the mix of batch sizes and from prefills; an
+EAGLE3_DYNAMIC server's lines in plain mode count with its speculative ones. It relies on
+sglang 0.5.17 logging a prefill when its result is processed, in the order the work ran; it
+cannot tell apart the ranks of a data-parallel server writing one log, sees no prefills on a
+disaggregated decode server, and counts an interval in which finished requests were not
+replaced at the smaller batch logged at its end. A benchmark's ``server_logs_tail.txt`` (sections "===== NAME:
 last lines of the server log =====") or plain server logs, one server each.
 
     python3 tools/decode_rates.py benchmark/results/<folder>/server_logs_tail.txt[.xz] [--min-lines 3] [--with-prefill]

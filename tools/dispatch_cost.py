@@ -11,8 +11,8 @@ With ``--cuda`` (a CUDA GPU) every step also goes through the worker's timing fe
 (``engine.step_costs.TimingFeed``: a CUDA event recorded at the step's end, the completed ones
 read), the GPU-side part of the server's ``host_dispatch_ms`` that a CPU-only run leaves out.
 
-The last column is the part before sglang's step is launched (the view of the batch and the
-decision): on a backend whose scheduler waits for the previous verify before calling the worker
+The last column is the part before sglang's step is launched (the view of the batch, the
+decision, the launched step's requests noted): on a backend whose scheduler waits for the previous verify before calling the worker
 (flashinfer: ``FutureMap.resolve_seq_lens_cpu``), that part runs while the GPU has only the
 previous step's draft extend left; the rest runs while the step is queued.
 """
@@ -68,10 +68,10 @@ def time_trace(path: Path, cuda: bool = False) -> dict:
         speculative = s.mode is DecodeMode.SPECULATIVE
         start = time.perf_counter()
         policy.decide(observe(batch, s.queued, acceptance, n, feed.per_request_up_to))
+        if speculative:  # before sglang's step, as in the worker
+            acceptance.launched(reqs)
         launch = time.perf_counter()
         counters.record_step(s.mode, s.batch, ran_graph=True, step=n)
-        if speculative:
-            acceptance.launched(reqs)
         # Accepted drafts per request, bonus token excluded (a trace step without a verify: none).
         drafts, carry = accepted_drafts_per_request(s.spec_tokens or s.batch, s.batch, carry) if speculative else (
             [], carry)

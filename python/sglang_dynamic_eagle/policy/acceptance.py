@@ -65,14 +65,14 @@ class Acceptance:
         recent, recent_n = self._sums[0]
         return (recent + REQUEST_PRIOR_VERIFIES * prior) / (recent_n + REQUEST_PRIOR_VERIFIES)
 
-    def _request_means(self, verifies: Sequence[int], accepted: Sequence[float],
+    def _request_means(self, verifies: Sequence[int], accepted: Sequence[int],
                        prior: float) -> List[float]:
         """Each request's expected acceptance: ``prior`` (the server mean) if not yet verified;
         else its own mean shrunk towards the server mean with its own first
         ``REQUEST_PRIOR_VERIFIES`` verifies taken out of the recent sums at its own mean (an upper
         bound of its share: they decay), what is left of the others kept between 1 and the full
-        acceptance per verify, the result between 1 and it. No calls in the loop (every request,
-        every decode step): 4x faster than min / max calls, the same floats."""
+        acceptance per verify, the result between 1 and the full acceptance. No min / max calls or
+        closure per request (every request, every decode step): 4x faster, the same floats."""
         k, top, long_run = REQUEST_PRIOR_VERIFIES, self.max_acceptance, self.long_run_mean
         recent, recent_n = self._sums[0]
         means = []
@@ -84,8 +84,8 @@ class Acceptance:
             if long_run is not None:
                 share = n if n < k else k
                 others_n = recent_n - share if recent_n > share else 0.0
-                others = recent - share * a / n
-                others = others_n if others < others_n else (top * others_n if others > top * others_n else others)
+                others, cap = recent - share * a / n, top * others_n
+                others = others_n if others < others_n else (cap if others > cap else others)
                 own = (others + k * long_run) / (others_n + k)
             m = (a + k * own) / (n + k)
             means.append(top if m > top else (1.0 if m < 1.0 else m))
