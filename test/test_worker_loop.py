@@ -437,6 +437,8 @@ def test_host_time_splits_into_dispatch_and_each_modes_step(worker, monkeypatch)
     for name in ("launched", "verified"):
         monkeypatch.setattr(worker.request_acceptance, name,
                             slow(0.00002, getattr(worker.request_acceptance, name)))
+    # ... and after the step's launch, its count.
+    monkeypatch.setattr(worker.counters, "record_step", slow(0.00003, worker.counters.record_step))
     decode(worker, [0])  # speculative
     worker.on_verify_complete_cpu([2])  # its result
     decode(worker, range(10))  # plain
@@ -447,8 +449,10 @@ def test_host_time_splits_into_dispatch_and_each_modes_step(worker, monkeypatch)
     snapshot = worker.counters.snapshot()
     assert snapshot["host_speculative_step_ms"] == pytest.approx(4.0 + 1.0 + 4.0)
     assert snapshot["host_plain_step_ms"] == pytest.approx(4.0)
-    # 4 decisions, 2 launches and 1 result recorded
-    assert snapshot["host_dispatch_ms"] == pytest.approx(0.4 + 0.04 + 0.02)
+    # 4 decisions, 2 launches, 4 step counts and 1 result recorded
+    assert snapshot["host_dispatch_ms"] == pytest.approx(0.4 + 0.04 + 0.12 + 0.02)
+    # Before each mode's step was called: the decisions and the launches, not the counts or the result.
+    assert snapshot["host_before_launch_ms"] == pytest.approx(0.4 + 0.04)
 
 
 def test_grammar_batches_run_without_overlap() -> None:

@@ -62,6 +62,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._timings: Optional[TimingFeed] = None
         self._decode_step = 0
         self._last_step_plain = False
+        self._launch_at = 0.0  # host clock when the latest decode step's mode step was called
 
     def init_cuda_graphs(self) -> None:
         super().init_cuda_graphs()
@@ -125,7 +126,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._timings.step_done(self._decode_step, mode, observation.batch_size,
                                 observation.kv_tokens)
         dispatch_s = perf_counter() - start - step_s
-        self.counters.record_host(mode, dispatch_s, step_s)
+        self.counters.record_host(mode, dispatch_s, step_s, before_launch_s=self._launch_at - start)
         self._feed.step_end(self._decode_step, dispatch_s, step_s)
         return result
 
@@ -144,8 +145,10 @@ class DynamicEagleWorker(EAGLEWorkerV2):
     def _decode(self, mode: DecodeMode, batch: ScheduleBatch, on_publish,
                 grammar_barrier) -> Tuple[GenerationBatchResult, float]:
         """The mode's step, and the host seconds it took (a speculative step's with its
-        catch-up; the bookkeeping around them is the dispatch's)."""
-        start = perf_counter()
+        catch-up; the bookkeeping around them is the dispatch's). Notes when the step was called
+        (``_launch_at``): the dispatch before it is what a backend that waits for the previous
+        verify before the worker runs (flashinfer) can expose as GPU idle time."""
+        start = self._launch_at = perf_counter()
         if mode is DecodeMode.PLAIN:
             return self._plain_step.run(batch, on_publish), perf_counter() - start
         plan = self._catchup.catch_up(self._draft_worker, batch, self.plan_stream)
@@ -156,6 +159,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             self.counters.record_catchup(plan.num_tokens, plan.truncated_tokens)
         self.request_acceptance.launched(batch.reqs)
         start = perf_counter()
+        self._launch_at = start - step_s  # a catch-up counts with the step
         result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
         return result, step_s + perf_counter() - start
 

@@ -41,6 +41,7 @@ class ModeCounters:
     # behind them). Where a step's host time reaches its GPU time, the host paces the GPU;
     # compare them with the step times in the policy's report.
     host_dispatch_s: float = 0.0
+    host_before_launch_s: float = 0.0  # of it, the part before the mode's step was called
     host_step_s: Dict[DecodeMode, float] = field(
         default_factory=lambda: {DecodeMode.PLAIN: 0.0, DecodeMode.SPECULATIVE: 0.0})
     _pending_modes: Deque[Tuple[DecodeMode, int, int]] = field(default_factory=deque, repr=False)
@@ -57,11 +58,13 @@ class ModeCounters:
             self.max_speculative_batch = max(self.max_speculative_batch, batch_size)
         self._pending_modes.append((mode, batch_size, step))
 
-    def record_host(self, mode: Optional[DecodeMode], dispatch_s: float, step_s: float = 0.0
-                    ) -> None:
-        """Host seconds of one decode step's dispatch and of its mode's step call (mode None:
-        dispatch work outside a step, e.g. result processing)."""
+    def record_host(self, mode: Optional[DecodeMode], dispatch_s: float, step_s: float = 0.0,
+                    before_launch_s: float = 0.0) -> None:
+        """Host seconds of one decode step's dispatch (``before_launch_s`` of it before the mode's
+        step was called) and of its mode's step call (mode None: dispatch work outside a step,
+        e.g. result processing)."""
         self.host_dispatch_s += dispatch_s
+        self.host_before_launch_s += before_launch_s
         if mode is not None:
             self.host_step_s[mode] += step_s
 
@@ -119,6 +122,7 @@ class ModeCounters:
             "max_speculative_batch": self.max_speculative_batch,
             "mismatched_results": self.mismatched_results,
             "host_dispatch_ms": round(1000 * self.host_dispatch_s, 3),
+            "host_before_launch_ms": round(1000 * self.host_before_launch_s, 3),
             "host_speculative_step_ms": round(1000 * self.host_step_s[DecodeMode.SPECULATIVE], 3),
             "host_plain_step_ms": round(1000 * self.host_step_s[DecodeMode.PLAIN], 3),
         }
