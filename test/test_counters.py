@@ -31,6 +31,7 @@ ZERO_SNAPSHOT: Dict[str, Union[int, float]] = {
     "max_speculative_batch": 0,
     "mismatched_results": 0,
     "host_dispatch_ms": 0.0,
+    "host_before_launch_ms": 0.0,
     "host_speculative_step_ms": 0.0,
     "host_plain_step_ms": 0.0,
 }
@@ -58,11 +59,11 @@ def test_fresh_counters_snapshot_is_all_zero() -> None:
 
 def test_host_seconds_add_up_per_part_in_milliseconds() -> None:
     counters = ModeCounters()
-    counters.record_host(SPEC, 0.0001, 0.002)
-    counters.record_host(PLAIN, 0.0002, 0.0015)
+    counters.record_host(SPEC, 0.0001, 0.002, before_launch_s=0.00006)
+    counters.record_host(PLAIN, 0.0002, 0.0015, before_launch_s=0.00015)
     counters.record_host(None, 0.00005)  # result processing: dispatch only
-    assert counters.snapshot() == _snapshot_with(
-        host_dispatch_ms=0.35, host_speculative_step_ms=2.0, host_plain_step_ms=1.5)
+    assert counters.snapshot() == _snapshot_with(host_dispatch_ms=0.35, host_before_launch_ms=0.21,
+                                                 host_speculative_step_ms=2.0, host_plain_step_ms=1.5)
 
 
 def test_snapshot_keys_do_not_leak_the_pending_queue() -> None:
@@ -262,6 +263,7 @@ def test_snapshot_reports_every_counter_and_rounds_accept_length() -> None:
         "max_speculative_batch": 3,
         "mismatched_results": 0,
         "host_dispatch_ms": 0.0,
+        "host_before_launch_ms": 0.0,
         "host_speculative_step_ms": 0.0,
         "host_plain_step_ms": 0.0,
     }
