@@ -13,8 +13,8 @@ EAGLE3_DYNAMIC server's lines in plain mode count with its speculative ones. It 
 sglang 0.5.17 logging a prefill when its result is processed, in the order the work ran; it
 cannot tell apart the ranks of a data-parallel server writing one log, sees no prefills on a
 disaggregated decode server, and counts an interval in which finished requests were not
-replaced at the smaller batch logged at its end. A benchmark's ``server_logs_tail.txt`` (sections "===== NAME:
-last lines of the server log =====") or plain server logs, one server each.
+replaced at the smaller batch logged at its end. A benchmark's ``server_logs_tail.txt``
+(sections "===== NAME: last lines of the server log =====") or plain server logs, one server each.
 
     python3 tools/decode_rates.py benchmark/results/<folder>/server_logs_tail.txt[.xz] [--min-lines 3] [--with-prefill]
 """

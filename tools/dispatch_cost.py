@@ -12,9 +12,10 @@ With ``--cuda`` (a CUDA GPU) every step also goes through the worker's timing fe
 read), the GPU-side part of the server's ``host_dispatch_ms`` that a CPU-only run leaves out.
 
 The last column is the part before sglang's step is launched (the view of the batch, the
-decision, the launched step's requests noted): on a backend whose scheduler waits for the previous verify before calling the worker
-(flashinfer: ``FutureMap.resolve_seq_lens_cpu``), that part runs while the GPU has only the
-previous step's draft extend left; the rest runs while the step is queued.
+decision, the launched step's requests noted): on a backend whose scheduler waits for the
+previous verify before calling the worker (flashinfer: ``FutureMap.resolve_seq_lens_cpu``), that
+part runs while the GPU has only the previous step's draft extend left; the rest runs while the
+step is queued. Servers report it as ``host_before_launch_ms``.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ class Req:
 
 
 def time_trace(path: Path, cuda: bool = False) -> dict:
-    """{(mode, batch range): [(microseconds per step, of them before the launch)]} of one pass. Each step takes
-    the mode the trace ran (its verify results and step times exist for that mode only); the
+    """{(mode, batch range): [(microseconds per step, of them before the launch)]} of one pass.
+    Each step takes the mode the trace ran (its verify results and step times exist for that mode only); the
     policy still decides every step, as on the server. ``cuda``: with the timing feed's events
     (module docstring); the policy still learns the trace's step times."""
     steps, meta = load_recorded(path)

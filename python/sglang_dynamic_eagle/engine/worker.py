@@ -62,7 +62,6 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._timings: Optional[TimingFeed] = None
         self._decode_step = 0
         self._last_step_plain = False
-        self._launch_at = 0.0  # host clock when the latest decode step's mode step was called
 
     def init_cuda_graphs(self) -> None:
         super().init_cuda_graphs()
@@ -118,7 +117,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         observation = observe(batch, self.queued, self.request_acceptance, self._decode_step,
                               self._feed.per_request_up_to)
         mode = self._decide(observation)
-        result, step_s = self._decode(mode, batch, on_publish, grammar_barrier)
+        result, step_s, launched_at = self._decode(mode, batch, on_publish, grammar_barrier)
         self._last_step_plain = mode is DecodeMode.PLAIN
         self.counters.record_step(mode, observation.batch_size,
                                   ran_graph=bool(result.can_run_cuda_graph), step=self._decode_step)
@@ -126,7 +125,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._timings.step_done(self._decode_step, mode, observation.batch_size,
                                 observation.kv_tokens)
         dispatch_s = perf_counter() - start - step_s
-        self.counters.record_host(mode, dispatch_s, step_s, before_launch_s=self._launch_at - start)
+        self.counters.record_host(mode, dispatch_s, step_s, before_launch_s=launched_at - start)
         self._feed.step_end(self._decode_step, dispatch_s, step_s)
         return result
 
@@ -143,14 +142,14 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             key)
 
     def _decode(self, mode: DecodeMode, batch: ScheduleBatch, on_publish,
-                grammar_barrier) -> Tuple[GenerationBatchResult, float]:
-        """The mode's step, and the host seconds it took (a speculative step's with its
-        catch-up; the bookkeeping around them is the dispatch's). Notes when the step was called
-        (``_launch_at``): the dispatch before it is what a backend that waits for the previous
+                grammar_barrier) -> Tuple[GenerationBatchResult, float, float]:
+        """The mode's step, the host seconds it took (a speculative step's with its catch-up;
+        the bookkeeping around them is the dispatch's) and the host clock when it was called,
+        less a catch-up: the dispatch before that is what a backend that waits for the previous
         verify before the worker runs (flashinfer) can expose as GPU idle time."""
-        start = self._launch_at = perf_counter()
+        start = perf_counter()
         if mode is DecodeMode.PLAIN:
-            return self._plain_step.run(batch, on_publish), perf_counter() - start
+            return self._plain_step.run(batch, on_publish), perf_counter() - start, start
         plan = self._catchup.catch_up(self._draft_worker, batch, self.plan_stream)
         step_s = perf_counter() - start
         if plan is not None:
@@ -159,9 +158,8 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             self.counters.record_catchup(plan.num_tokens, plan.truncated_tokens)
         self.request_acceptance.launched(batch.reqs)
         start = perf_counter()
-        self._launch_at = start - step_s  # a catch-up counts with the step
         result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
-        return result, step_s + perf_counter() - start
+        return result, step_s + perf_counter() - start, start - step_s
 
     def _decide(self, observation: StepObservation) -> DecodeMode:
         previous = self._policy.mode
