@@ -133,3 +133,24 @@ def test_profiles_each_configuration_end_to_end_against_a_stand_in_server(tmp_pa
     assert "| prompt tokens in the window | 5000 | 5000 |" in markdown
     assert "`fake_gemm`" in markdown
     assert not port_in_use(port)
+
+
+def test_idle_before_counts_each_gap_once_by_the_event_that_ends_it(tmp_path):
+    # gemm [0, 15) with overlap, idle 15 us before attention [30, 35), 5 us before the copy
+    # (not above the 5 us floor), then 18 us before a second attention.
+    events = EVENTS + [kernel("attention", 60, 5)]
+    assert kernel_profile.idle_before(events) == {"attention": (2, 15.0 + 18.0)}
+    # A short event inside a long one leaves the GPU busy until the long one ends.
+    nested = [kernel("gemm", 0, 50), kernel("copy", 10, 2), kernel("attention", 60, 5)]
+    assert kernel_profile.idle_before(nested) == {"attention": (1, 10.0)}
+    assert kernel_profile.idle_before(events, min_gap_us=1.0)["copy"] == (1, 5.0)
+    traces = {}
+    for config, shift in (("eagle3", 0), ("dynamic", 100)):
+        traces[config] = tmp_path / f"{config}.trace.json.gz"
+        late = [dict(e, ts=e["ts"] + shift) if e.get("name") == "attention" else e for e in events]
+        with gzip.open(traces[config], "wt") as out:
+            json.dump({"traceEvents": late}, out)
+    table = kernel_profile.idle_markdown(traces)
+    # Shifted by 100 us, dynamic's copy ends a 25 us gap and its attentions 88 and 25 us ones.
+    assert "| `attention` | 2, 16, 0.0 | 2, 56, 0.1 |" in table
+    assert "| `copy` | - | 1, 25, 0.0 |" in table

@@ -133,3 +133,49 @@ def comparison_markdown(summaries: Dict[str, KernelSummary], top: int = 25) -> s
                  for c in configs]
         lines.append(f"| `{_short(name)}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def idle_before(events: Iterable[dict], min_gap_us: float = 5.0) -> Dict[str, Tuple[int, float]]:
+    """The GPU's idle gaps (longer than ``min_gap_us``) by the GPU event that ends each:
+    name -> (gaps, total us). The event that ends a gap is the first the host launched after
+    the GPU ran out of work, so its gaps are host time on the step's critical path."""
+    gaps: Dict[str, List[float]] = defaultdict(lambda: [0, 0.0])
+    covered_until = None
+    for name, start, end in sorted(gpu_intervals(events), key=lambda i: i[1]):
+        if covered_until is not None and start - covered_until > min_gap_us:
+            gaps[name][0] += 1
+            gaps[name][1] += start - covered_until
+        covered_until = end if covered_until is None else max(covered_until, end)
+    return {name: (int(n), us) for name, (n, us) in gaps.items()}
+
+
+def idle_markdown(traces: Dict[str, Path], top: int = 12) -> str:
+    """The ``top`` idle gaps by the event that ends them, side by side: gaps, mean us, total ms."""
+    gaps = {}
+    for config, path in traces.items():
+        with gzip.open(path, "rt") as trace:
+            gaps[config] = idle_before(json.load(trace).get("traceEvents", []))
+    totals: Dict[str, float] = defaultdict(float)
+    for by_name in gaps.values():
+        for name, (_, us) in by_name.items():
+            totals[name] += us
+    configs = list(traces)
+    lines = ["| GPU idle before | " + " | ".join(f"{c}: gaps, mean us, total ms" for c in configs)
+             + " |", "| --- |" + " --- |" * len(configs)]
+    for name in sorted(totals, key=totals.get, reverse=True)[:top]:
+        cells = []
+        for config in configs:
+            n, us = gaps[config].get(name, (0, 0.0))
+            cells.append(f"{n}, {us / n:.0f}, {us / 1000:.1f}" if n else "-")
+        lines.append(f"| `{_short(name)}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) < 2 or any("=" not in arg for arg in sys.argv[1:]):
+        sys.exit("usage: python3 tools/kernel_profile.py CONFIG=TRACE.json.gz [CONFIG=TRACE ...]"
+                 " (the GPU's idle gaps by the event that ends them)")
+    print(idle_markdown({arg.split("=", 1)[0]: Path(arg.split("=", 1)[1])
+                         for arg in sys.argv[1:]}), end="")
