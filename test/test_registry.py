@@ -12,7 +12,7 @@ from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_dynamic_eagle.engine.observations import RequestAcceptance, observe
 from sglang_dynamic_eagle.sglang_compat import registry
-from sglang_dynamic_eagle.sglang_compat.hooks import reporting, request_guards
+from sglang_dynamic_eagle.sglang_compat.hooks import batch_selection, request_guards
 from sglang_dynamic_eagle.sglang_compat.registry import HOOKS, KINDS, RELIANCES, HookSpec
 
 CODE_PATHS = sorted({path for reliance in RELIANCES for path in reliance.code})
@@ -106,8 +106,8 @@ def test_a_hook_on_a_missing_target_is_reported(loaded_plugins, monkeypatch) -> 
     assert registry.missing_hooks() == [target]
 
 
-def test_the_queue_length_hook_is_installed_on_the_scheduler_loop() -> None:
-    [spec] = [s for s in HOOKS if s.hook is reporting.record_queue_length]
+def test_the_batch_selection_hook_is_installed_on_the_scheduler_loop() -> None:
+    [spec] = [s for s in HOOKS if s.hook is batch_selection.batch_selected]
     assert spec.target == "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
     assert spec.hook_type == HookType.AFTER
 
@@ -115,25 +115,29 @@ def test_the_queue_length_hook_is_installed_on_the_scheduler_loop() -> None:
 # --------------------------------------------------------------------------- the policy's inputs
 
 
-def test_the_queue_length_hook_gives_the_worker_the_waiting_queue() -> None:
-    worker = SimpleNamespace(queued=0)
+def test_the_batch_selection_hook_gives_the_worker_the_batch_and_the_waiting_queue() -> None:
+    from sglang.srt.managers.schedule_batch import NextBatchPlan
+
+    calls = []
+    worker = SimpleNamespace(batch_selected=lambda batch, queued: calls.append((batch, queued)))
     scheduler = SimpleNamespace(draft_worker=worker, waiting_queue=["a", "b", "c"])
-    batch = object()
-    assert reporting.record_queue_length(batch, scheduler) is batch
-    assert worker.queued == 3
+    batch, running = object(), object()
+    plan = NextBatchPlan(batch_to_run=batch, running_batch=running)  # sglang's own result type
+    assert batch_selection.batch_selected(plan, scheduler) is plan
     scheduler.waiting_queue = []
-    reporting.record_queue_length(None, scheduler)
-    assert worker.queued == 0
+    batch_selection.batch_selected(NextBatchPlan(batch_to_run=None, running_batch=running),
+                                   scheduler)
+    assert calls == [(batch, 3), (None, 0)]
 
 
-def test_the_queue_length_hook_leaves_other_servers_alone() -> None:
-    eagle_worker = SimpleNamespace()  # another algorithm's worker: no queue input
+def test_the_batch_selection_hook_leaves_other_servers_alone() -> None:
+    eagle_worker = SimpleNamespace()  # another algorithm's worker: no batch_selected
     result = object()
     for scheduler in (SimpleNamespace(draft_worker=None, waiting_queue=[1]),
                       SimpleNamespace(draft_worker=eagle_worker, waiting_queue=[1]),
                       SimpleNamespace()):
-        assert reporting.record_queue_length(result, scheduler) is result
-    assert not hasattr(eagle_worker, "queued")
+        assert batch_selection.batch_selected(result, scheduler) is result
+    assert vars(eagle_worker) == {}
 
 
 def test_observe_reads_sglangs_own_requests() -> None:

@@ -204,6 +204,10 @@ def throughput_policy():
 
 @pytest.fixture
 def worker(monkeypatch):
+    return new_worker(monkeypatch)
+
+
+def new_worker(monkeypatch):
     """A DynamicEagleWorker without a GPU: EAGLE's own step and verify hook are recorded; the
     policy is the threshold policy with N = 2, M = 2, patience 1 and speculative graphs up to
     48, its observations kept in ``worker._policy.observations``."""
@@ -230,6 +234,8 @@ def worker(monkeypatch):
     instance.counters = ModeCounters()
     instance.request_acceptance = RequestAcceptance()
     instance.queued = 0
+    instance._selected = None
+    instance.decided_at_selection = 0
     use_policy(instance, ObservedPolicy(ThresholdPolicy(ThresholdPolicyConfig(2, 2, 1, 48))))
     instance._catchup = catchup
     instance._plain_step = FakePlainStep(catchup)
@@ -453,6 +459,90 @@ def test_host_time_splits_into_dispatch_and_each_modes_step(worker, monkeypatch)
     assert snapshot["host_dispatch_ms"] == pytest.approx(0.4 + 0.04 + 0.12 + 0.02)
     # Before each mode's step was called: the decisions and the launches, not the counts or the result.
     assert snapshot["host_before_launch_ms"] == pytest.approx(0.4 + 0.04)
+
+
+def select_and_run(worker, batch, queued: int = 0) -> None:
+    """As the scheduler: the hook on its batch choice, then the worker's call."""
+    worker.batch_selected(batch, queued)
+    worker.forward_batch_generation(batch)
+
+
+def test_a_decode_batch_is_decided_when_the_scheduler_selects_it(worker, monkeypatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr("sglang_dynamic_eagle.engine.worker.perf_counter", clock)
+
+    def decide(observation):
+        clock.now += 0.0001
+        return ObservedPolicy.decide(worker._policy, observation)
+
+    monkeypatch.setattr(worker._policy, "decide", decide)
+    batch = make_batch(ForwardMode.DECODE, [0, 1])
+    worker.batch_selected(batch, 3)
+    [observation] = worker._policy.observations  # decided at the choice, with the queue
+    assert (observation.batch_size, observation.queued, observation.step) == (2, 3, 1)
+    worker.forward_batch_generation(batch)
+    assert len(worker._policy.observations) == 1 and worker.decided_at_selection == 1
+    assert worker._timings.steps == [(1, SPEC, 2, 2 * KV_PER_REQUEST)]
+    snapshot = worker.counters.snapshot()
+    # The decision's host time is the plugin's, but not in the window before the launch.
+    assert snapshot["host_dispatch_ms"] == pytest.approx(0.1)
+    assert snapshot["host_before_launch_ms"] == pytest.approx(0.0)
+
+
+def test_other_batches_than_the_selected_decode_batch_are_decided_at_the_call(worker) -> None:
+    for mode in (ForwardMode.EXTEND, ForwardMode.IDLE):  # nothing to decide at the choice
+        worker.batch_selected(make_batch(mode, [0]), 0)
+        worker.batch_selected(None, 0)
+    assert worker._policy.observations == []
+    worker.batch_selected(make_batch(ForwardMode.DECODE, [0, 1]), 0)
+    other = make_batch(ForwardMode.DECODE, [0, 1])  # another batch object: decided again
+    worker.forward_batch_generation(other)
+    assert [o.step for o in worker._policy.observations] == [1, 2]
+    assert worker.decided_at_selection == 0 and worker._timings.steps[-1][0] == 2
+    selected = make_batch(ForwardMode.DECODE, [0, 1])
+    worker.batch_selected(selected, 0)
+    selected.reqs.pop()  # the same object with a request fewer: decided again
+    worker.forward_batch_generation(selected)
+    assert worker.decided_at_selection == 0 and len(worker._policy.observations) == 4
+    decode(worker, [0])  # no hook call at all: decided at the call
+    assert worker.decided_at_selection == 0 and len(worker._policy.observations) == 5
+
+
+def test_deciding_at_the_choice_gives_the_decisions_of_deciding_at_the_call(monkeypatch) -> None:
+    """The scheduler processes a step's result after the next step's launch, so between its
+    choice of a batch and the worker's call nothing the policy reads changes: over steps with
+    results, a queue, a prefill and switches both give the same views and decisions."""
+    # (slots, queue) per scheduler loop; a decode step's result is processed after the next launch.
+    loops = [([0], 0), ([0, 1], 0), ([0, 1], 31), ([0, 1], 31), ([0, 1], 0), ("prefill", 0),
+             ([0, 1, 2], 0), ([0, 1, 2], 0), ([1, 2], 0)]
+    runs = []
+    for at_choice in (False, True):
+        REQUESTS.clear()
+        request_in(2, max_new_tokens=20, output_len=18)
+        worker = new_worker(monkeypatch)
+        use_policy(worker, ObservedPolicy(throughput_policy()))
+        pending = None
+        for slots, queued in loops:
+            batch = make_batch(ForwardMode.EXTEND if slots == "prefill" else ForwardMode.DECODE,
+                               [2] if slots == "prefill" else slots)
+            if at_choice:
+                worker.batch_selected(batch, queued)
+            else:
+                worker.queued = queued
+            worker.forward_batch_generation(batch)
+            if pending is not None:
+                worker.on_verify_complete_cpu(pending)
+            pending = None if slots == "prefill" else [len(slots) % 3] * len(slots)
+        assert worker.decided_at_selection == (8 if at_choice else 0)
+        runs.append(([(o.batch_size, o.kv_tokens, o.queued, o.step, list(o.verifies or ()),
+                       list(o.accepted or ()), list(o.remaining or ()))
+                      for o in worker._policy.observations],
+                     [(d.mode, d.reason) for d in worker._policy.decisions],
+                     worker._timings.steps))
+    assert runs[0] == runs[1]
+    modes = [mode for _, mode, _, _ in runs[0][2]]
+    assert PLAIN in modes and SPEC in modes  # the sequence switched
+    assert any(o[4] for o in runs[0][0])  # and the views held acceptance records
 
 
 def test_grammar_batches_run_without_overlap() -> None:

@@ -11,11 +11,13 @@ With ``--cuda`` (a CUDA GPU) every step also goes through the worker's timing fe
 (``engine.step_costs.TimingFeed``: a CUDA event recorded at the step's end, the completed ones
 read), the GPU-side part of the server's ``host_dispatch_ms`` that a CPU-only run leaves out.
 
-The last column is the part before sglang's step is launched (the view of the batch, the
-decision, the launched step's requests noted): on a backend whose scheduler waits for the
-previous verify before calling the worker (flashinfer: ``FutureMap.resolve_seq_lens_cpu``), that
-part runs while the GPU has only the previous step's draft extend left; the rest runs while the
-step is queued. Servers report it as ``host_before_launch_ms``.
+Two columns split it as the server does: the view of the batch and the decision, made when the
+scheduler chooses the batch (``DynamicEagleWorker.batch_selected``), and the part after that
+choice and before sglang's step is launched (the launched step's requests noted). On a backend
+whose scheduler waits for the previous verify between the two (flashinfer:
+``FutureMap.resolve_seq_lens_cpu``), only the second runs while the GPU has nothing but the previous
+step's draft extend left; the rest runs while a step is queued. Servers report the second as
+``host_before_launch_ms``.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class Req:
 
 
 def time_trace(path: Path, cuda: bool = False) -> dict:
-    """{(mode, batch range): [(microseconds per step, of them before the launch)]} of one pass.
+    """{(mode, batch range): [(microseconds per step, of them at the batch's choice, after it and
+    before the launch)]} of one pass.
     Each step takes the mode the trace ran (its verify results and step times exist for that mode only); the
     policy still decides every step, as on the server. ``cuda``: with the timing feed's events
     (module docstring); the policy still learns the trace's step times."""
@@ -67,8 +70,9 @@ def time_trace(path: Path, cuda: bool = False) -> dict:
             req.kv_committed_len = s.kv_tokens // max(1, s.batch)
         batch = SimpleNamespace(reqs=reqs)
         speculative = s.mode is DecodeMode.SPECULATIVE
-        start = time.perf_counter()
+        start = time.perf_counter()  # the scheduler chose the batch
         policy.decide(observe(batch, s.queued, acceptance, n, feed.per_request_up_to))
+        chosen = time.perf_counter()  # the worker is called
         if speculative:  # before sglang's step, as in the worker
             acceptance.launched(reqs)
         launch = time.perf_counter()
@@ -84,9 +88,9 @@ def time_trace(path: Path, cuda: bool = False) -> dict:
             feed.step_time(n, s.mode, s.batch, s.kv_tokens, s.ms)
         if timings is not None:
             timings.step_done(n, s.mode, s.batch, s.kv_tokens)
-        elapsed_us, before_us = 1e6 * (time.perf_counter() - start), 1e6 * (launch - start)
         key = next(r for r in RANGES if r[0] <= s.batch <= r[1])
-        out.setdefault((s.mode.value, key), []).append((elapsed_us, before_us))
+        out.setdefault((s.mode.value, key), []).append(
+            (1e6 * (time.perf_counter() - start), 1e6 * (chosen - start), 1e6 * (launch - chosen)))
     return out
 
 
@@ -105,15 +109,17 @@ def main(argv=None) -> int:
     passes = [time_trace(args.trace, args.cuda) for _ in range(args.repeat)]
     print(f"Host microseconds per decode step of the plugin's own work{' with CUDA events' if args.cuda else ''}, "
           f"{args.trace.name}, {args.repeat} passes (median of a pass's steps, the fastest pass):\n")
-    print("| mode | batch | steps | median us | p99 us | before the launch, median us |\n| --- | --- | --- | --- | --- | --- |")
+    print("| mode | batch | steps | median us | p99 us | at the batch's choice, median us | "
+          "then before the launch, median us |\n| --- | --- | --- | --- | --- | --- | --- |")
     for mode, key in sorted(passes[0]):
         rows = [p[(mode, key)] for p in passes if (mode, key) in p]
-        best = min(rows, key=lambda row: statistics.median(t for t, _ in row))
-        totals = sorted(t for t, _ in best)
+        best = min(rows, key=lambda row: statistics.median(t for t, _, _ in row))
+        totals = sorted(t for t, _, _ in best)
         p99 = totals[int(0.99 * (len(totals) - 1))]
         label = f">= {key[0]}" if key[1] == 1 << 30 else f"{key[0]}-{key[1]}"
         print(f"| {mode} | {label} | {len(best)} | {statistics.median(totals):.0f} | {p99:.0f} | "
-              f"{statistics.median(b for _, b in best):.0f} |")
+              f"{statistics.median(c for _, c, _ in best):.0f} | "
+              f"{statistics.median(b for _, _, b in best):.0f} |")
     return 0
 
 

@@ -122,7 +122,7 @@ OPTIONAL_COUNTER_FIELDS = ("plain_graph_steps", "catchup_forwards", "catchup_tru
                            "speculative_verified_requests", "speculative_accepted_tokens", "prefill_batches",
                            "prefill_tokens", "prefill_target_gpu_ms", "prefill_draft_gpu_ms", "mismatched_results")
 HOST_MS_FIELDS = ("host_dispatch_ms", "host_speculative_step_ms", "host_plain_step_ms")  # per step: worker, spec, plain
-OPTIONAL_COUNTER_FIELDS += HOST_MS_FIELDS + ("host_before_launch_ms",)  # its deltas in results.json
+OPTIONAL_COUNTER_FIELDS += HOST_MS_FIELDS + ("host_before_launch_ms", "decided_at_batch_selection")  # deltas too
 MEAN_ACCEPT_FIELD = "mean_accept_length"
 RUN_ACCEPT_FIELD, RUN_SPECULATIVE_BATCH_FIELD = "speculative_accept_length", "mean_speculative_batch"
 POLICY_FIELDS = ("policy", "disable_batch_threshold", "enable_batch_threshold", "switch_patience",

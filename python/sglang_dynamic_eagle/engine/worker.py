@@ -1,9 +1,10 @@
 """DynamicEagleWorker: EAGLE-3 while speculation pays, plain decoding while it does not.
 
 A dispatcher. Every decode step it builds the policy's view of the batch (``observations``:
-KV tokens, queue, the acceptance of its requests), asks the policy (``policy``) for a mode
+KV tokens, queue, the acceptance of its requests) and asks the policy (``policy``) for a mode,
+when the scheduler chooses the batch (``batch_selected``, from a hook) or else when it is called
 (every input identical on every tensor-parallel rank, so every rank takes the same branch and
-issues the same collectives), and runs
+issues the same collectives); then it runs
 
 * speculative: the draft-KV catch-up for requests that decoded plainly since their last
   speculative step (``draft_catchup``), then sglang's EAGLE-3 step unchanged;
@@ -54,6 +55,9 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self.metrics_export = MetricsExport()  # used with --enable-metrics
         self.prefill_timer = PrefillTimer()
         self.queued = 0  # requests waiting to be admitted; set by the scheduler hook
+        # The decision made when the scheduler chose the batch: (batch, its size, view, mode).
+        self._selected: Optional[Tuple[ScheduleBatch, int, StepObservation, DecodeMode]] = None
+        self.decided_at_selection = 0  # decode steps whose decision was made there
         self._policy: Optional[DecodePolicy] = None
         self._feed: Optional[PolicyFeed] = None
         self._plain_graphs: Optional[PlainDecodeGraphs] = None
@@ -99,6 +103,24 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self.counters.record_host(None, perf_counter() - start)
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
 
+    def batch_selected(self, batch: Optional[ScheduleBatch], queued: int) -> None:
+        """The scheduler chose its next batch (its hook, ``sglang_compat.hooks``), with
+        ``queued`` requests left waiting: for a decode batch the policy decides now. The
+        scheduler then waits for the previous step's verify, and on a backend that needs its
+        sequence lengths on the host (flashinfer) launches this step only after that wait;
+        deciding here keeps the decision's host time out of that window, where the GPU has only
+        the previous draft extend left. What the decision reads is the same at both points (the
+        previous step's result is processed after this step's launch), except in a batch for
+        which sglang turns overlap off (grammar), whose decision misses that one result."""
+        self.queued = queued
+        self._selected = None
+        if self._policy is None or batch is None or not _is_decode(batch):
+            return
+        start = perf_counter()
+        observation, mode = self._observe_and_decide(batch)
+        self._selected = (batch, len(batch.reqs), observation, mode)
+        self.counters.record_host(None, perf_counter() - start)
+
     def forward_batch_generation(
         self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None
     ) -> GenerationBatchResult:
@@ -113,10 +135,12 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             return super().forward_batch_generation(batch, on_publish, grammar_barrier)
 
         start = perf_counter()
-        self._decode_step += 1
-        observation = observe(batch, self.queued, self.request_acceptance, self._decode_step,
-                              self._feed.per_request_up_to)
-        mode = self._decide(observation)
+        selected, self._selected = self._selected, None
+        if selected is not None and selected[0] is batch and selected[1] == len(batch.reqs):
+            observation, mode = selected[2], selected[3]
+            self.decided_at_selection += 1
+        else:  # no hook call for this batch (another scheduler loop): decide here
+            observation, mode = self._observe_and_decide(batch)
         result, step_s, launched_at = self._decode(mode, batch, on_publish, grammar_barrier)
         self._last_step_plain = mode is DecodeMode.PLAIN
         self.counters.record_step(mode, observation.batch_size,
@@ -161,6 +185,12 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
         return result, step_s + perf_counter() - start, start - step_s
 
+    def _observe_and_decide(self, batch: ScheduleBatch) -> Tuple[StepObservation, DecodeMode]:
+        self._decode_step += 1
+        observation = observe(batch, self.queued, self.request_acceptance, self._decode_step,
+                              self._feed.per_request_up_to)
+        return observation, self._decide(observation)
+
     def _decide(self, observation: StepObservation) -> DecodeMode:
         previous = self._policy.mode
         mode = self._policy.decide(observation)
@@ -192,9 +222,15 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             **self.counters.snapshot(),
             **self._policy.report(),
             "queued": self.queued,
+            "decided_at_batch_selection": self.decided_at_selection,
             **self._feed.report(),
             **self._catchup.report(),
             **self._plain_graphs.report(),
             "acceptance_mismatched_results": self.request_acceptance.mismatched,
             **self.prefill_timer.report(),
         }
+
+
+def _is_decode(batch: ScheduleBatch) -> bool:
+    mode = batch.forward_mode
+    return not (mode.is_extend() or batch.is_extend_in_batch or mode.is_idle())

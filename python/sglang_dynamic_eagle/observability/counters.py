@@ -41,7 +41,7 @@ class ModeCounters:
     # behind them). Where a step's host time reaches its GPU time, the host paces the GPU;
     # compare them with the step times in the policy's report.
     host_dispatch_s: float = 0.0
-    host_before_launch_s: float = 0.0  # of it, the part before the mode's step was called
+    host_before_launch_s: float = 0.0  # of it, from the worker's call to the mode's step
     host_step_s: Dict[DecodeMode, float] = field(
         default_factory=lambda: {DecodeMode.PLAIN: 0.0, DecodeMode.SPECULATIVE: 0.0})
     _pending_modes: Deque[Tuple[DecodeMode, int, int]] = field(default_factory=deque, repr=False)

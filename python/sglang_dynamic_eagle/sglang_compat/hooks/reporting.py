@@ -21,15 +21,6 @@ def dynamic_worker(scheduler) -> Any:
     return worker if isinstance(worker, DynamicEagleWorker) else None
 
 
-def record_queue_length(result, scheduler, *args, **kwargs):
-    """AFTER hook on ``Scheduler.get_next_batch_to_run``: the policy's queue input (requests
-    waiting to be admitted when the next batch was chosen)."""
-    worker = getattr(scheduler, "draft_worker", None)
-    if worker is not None and hasattr(worker, "queued"):
-        worker.queued = len(scheduler.waiting_queue)
-    return result
-
-
 def add_report_to_internal_state(result, scheduler, *args, **kwargs):
     """AFTER hook on ``Scheduler.get_internal_state``."""
     worker = dynamic_worker(scheduler)

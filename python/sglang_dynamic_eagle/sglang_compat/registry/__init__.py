@@ -25,7 +25,8 @@ from typing import Any, Callable, List, Tuple
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_dynamic_eagle.sglang_compat import launcher
-from sglang_dynamic_eagle.sglang_compat.hooks import prefill_tail_tokens, reporting, request_guards
+from sglang_dynamic_eagle.sglang_compat.hooks import (batch_selection, prefill_tail_tokens, reporting,
+                                                      request_guards)
 from sglang_dynamic_eagle.sglang_compat.registry.engine import ENGINE_RELIANCES
 from sglang_dynamic_eagle.sglang_compat.registry.reliance import (
     ATTRIBUTE_SWAP,
@@ -62,7 +63,7 @@ HOOKS: Tuple[HookSpec, ...] = (
     HookSpec("sglang.srt.server_args.ServerArgs.from_cli_args", launcher.around_from_cli_args,
              HookType.AROUND),
     HookSpec("sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run",
-             reporting.record_queue_length, HookType.AFTER),
+             batch_selection.batch_selected, HookType.AFTER),
     HookSpec("sglang.srt.managers.scheduler.Scheduler.get_internal_state",
              reporting.add_report_to_internal_state, HookType.AFTER),
     HookSpec("sglang.srt.managers.scheduler_components.metrics_reporter."

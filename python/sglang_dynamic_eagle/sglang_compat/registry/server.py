@@ -138,17 +138,23 @@ SERVER_RELIANCES: Tuple[UpstreamReliance, ...] = (
     ),
     UpstreamReliance(
         target="sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run / waiting_queue",
-        how="AFTER hook stores len(scheduler.waiting_queue) on the worker "
-        "(hooks.reporting.record_queue_length); the scheduler calls it once per loop, before "
-        "the batch it returns runs",
+        how="AFTER hook hands the worker the plan's batch_to_run and len(scheduler.waiting_queue) "
+        "(hooks.batch_selection.batch_selected); the scheduler calls it once per loop, before "
+        "run_batch waits for the previous verify (FutureMap.resolve_seq_lens_cpu) and calls the "
+        "worker with that batch object; the worker decides a decode step there and uses the "
+        "decision when that same batch arrives (another batch: it decides at the call)",
         why="the policy projects the batch the queue will fill (a burst leaves speculation "
-        "before the batch grows); the worker sees only the batch it is given",
-        drop_when="sglang passes scheduling state (queue length) to the speculative worker",
+        "before the batch grows), and its decision's host time stays out of the window between "
+        "the previous verify and this step's launch, where flashinfer's step waits on the host",
+        drop_when="sglang passes scheduling state (queue length) to the speculative worker and "
+        "calls it when a batch is chosen",
         kind=HOOK,
         code=(
             "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run",
+            "sglang.srt.managers.schedule_batch.NextBatchPlan",
+            "sglang.srt.managers.overlap_utils.FutureMap.resolve_seq_lens_cpu",
         ),
-        patched_by=("sglang_dynamic_eagle.sglang_compat.hooks.reporting.record_queue_length",),
+        patched_by=("sglang_dynamic_eagle.sglang_compat.hooks.batch_selection.batch_selected",),
     ),
     UpstreamReliance(
         target="sglang.srt.managers.scheduler.Scheduler.get_internal_state",
