@@ -506,6 +506,14 @@ def test_other_batches_than_the_selected_decode_batch_are_decided_at_the_call(wo
     assert worker.decided_at_selection == 0 and len(worker._policy.observations) == 4
     decode(worker, [0])  # no hook call at all: decided at the call
     assert worker.decided_at_selection == 0 and len(worker._policy.observations) == 5
+    # sglang's running batch is one object from step to step: a decision made for it at one
+    # choice is not used after a later choice of another batch (or of none).
+    running = make_batch(ForwardMode.DECODE, [0, 1])
+    for later in (None, make_batch(ForwardMode.EXTEND, [2])):
+        worker.batch_selected(running, 0)
+        worker.batch_selected(later, 0)
+        worker.forward_batch_generation(running)
+    assert worker.decided_at_selection == 0 and len(worker._policy.observations) == 9
 
 
 def test_deciding_at_the_choice_gives_the_decisions_of_deciding_at_the_call(monkeypatch) -> None:
@@ -521,15 +529,17 @@ def test_deciding_at_the_choice_gives_the_decisions_of_deciding_at_the_call(monk
         request_in(2, max_new_tokens=20, output_len=18)
         worker = new_worker(monkeypatch)
         use_policy(worker, ObservedPolicy(throughput_policy()))
-        pending = None
+        pending, running = None, {}
         for slots, queued in loops:
-            batch = make_batch(ForwardMode.EXTEND if slots == "prefill" else ForwardMode.DECODE,
-                               [2] if slots == "prefill" else slots)
+            if slots == "prefill":
+                batch = make_batch(ForwardMode.EXTEND, [2])
+            else:  # one object while its requests stay, as sglang's running batch
+                batch = running.setdefault(tuple(slots), make_batch(ForwardMode.DECODE, slots))
             if at_choice:
-                worker.batch_selected(batch, queued)
+                select_and_run(worker, batch, queued)
             else:
                 worker.queued = queued
-            worker.forward_batch_generation(batch)
+                worker.forward_batch_generation(batch)
             if pending is not None:
                 worker.on_verify_complete_cpu(pending)
             pending = None if slots == "prefill" else [len(slots) % 3] * len(slots)

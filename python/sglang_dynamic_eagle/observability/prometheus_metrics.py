@@ -34,8 +34,8 @@ COUNTERS: Dict[str, str] = {
     "host_dispatch_ms": "Host milliseconds of EAGLE3_DYNAMIC's own work on decode steps (batch "
     "view, policy, bookkeeping, result processing).",
     "host_before_launch_ms": "Of host_dispatch_ms, the part from the worker's call to each mode's "
-    "step (the policy decides earlier, when the scheduler chooses the batch): what a backend that "
-    "waits for the previous verify can leave the GPU idle for.",
+    "step (a decision made at the scheduler's choice of the batch is not in it): what a backend "
+    "that waits for the previous verify can leave the GPU idle for.",
     "host_speculative_step_ms": "Host milliseconds inside speculative steps (launches, catch-ups).",
     "host_plain_step_ms": "Host milliseconds inside plain steps (launches).",
 }

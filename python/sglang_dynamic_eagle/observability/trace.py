@@ -23,9 +23,11 @@ One JSON object per line, appended as the server runs, joined by step in
 * ``{"k": "prefill", "t", "tokens", "target_ms", "draft_ms"}`` when a prefill batch's GPU time
   is read (at the next prefill or report): the target's extend and the draft's apart;
 * ``{"k": "host", "step", "us", "step_us"}`` after a decode step: host microseconds of the
-  worker's own work around it (the trace's own ``step`` line included) and of the mode's step
-  (launches, a catch-up's included); result processing, which the server's ``host_dispatch_ms``
-  also counts, comes later and is not in it.
+  worker's own work around it and of the mode's step (launches, a catch-up's included). The
+  decision and the trace's own ``step`` line are in ``us`` only where the worker decided at its
+  call; a decision at the scheduler's choice of the batch (``DynamicEagleWorker.batch_selected``,
+  since 2026-12-06) and result processing, which the server's ``host_dispatch_ms`` also counts,
+  are not.
 
 :func:`traced` wraps the worker's policy and its feed (``engine.observations.PolicyFeed``) so
 that both record what passes through them; without the variable it returns them unwrapped, and

@@ -140,9 +140,10 @@ SERVER_RELIANCES: Tuple[UpstreamReliance, ...] = (
         target="sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run / waiting_queue",
         how="AFTER hook hands the worker the plan's batch_to_run and len(scheduler.waiting_queue) "
         "(hooks.batch_selection.batch_selected); the scheduler calls it once per loop, before "
-        "run_batch waits for the previous verify (FutureMap.resolve_seq_lens_cpu) and calls the "
-        "worker with that batch object; the worker decides a decode step there and uses the "
-        "decision when that same batch arrives (another batch: it decides at the call)",
+        "run_batch calls the worker with that batch object (in the overlap loop after "
+        "FutureMap.resolve_seq_lens_cpu, which waits for the previous verify on flashinfer); the "
+        "worker decides a decode step there and uses the decision when that same batch arrives "
+        "(another batch: it decides at the call)",
         why="the policy projects the batch the queue will fill (a burst leaves speculation "
         "before the batch grows), and its decision's host time stays out of the window between "
         "the previous verify and this step's launch, where flashinfer's step waits on the host",
@@ -155,6 +156,27 @@ SERVER_RELIANCES: Tuple[UpstreamReliance, ...] = (
             "sglang.srt.managers.overlap_utils.FutureMap.resolve_seq_lens_cpu",
         ),
         patched_by=("sglang_dynamic_eagle.sglang_compat.hooks.batch_selection.batch_selected",),
+    ),
+    UpstreamReliance(
+        target="the scheduler loops process a step's result after the next batch is chosen "
+        "(behaviour)",
+        how="not patched: DynamicEagleWorker.batch_selected decides a decode step at the batch's "
+        "choice, reading verify results (on_verify_complete_cpu), requests' kv_committed_len and "
+        "output ids, which only result processing changes; event_loop_overlap processes the "
+        "previous result after run_batch (before it only where is_disable_overlap_for_batch says "
+        "so: grammar batches, whose decision then misses that one result), event_loop_normal "
+        "processes each result in the iteration that ran it",
+        why="the decision is the same at the choice as at the worker's call, so it can leave the "
+        "window between flashinfer's wait for the previous verify and the step's launch",
+        drop_when="sglang calls the speculative worker when a batch is chosen",
+        kind=BEHAVIOUR,
+        code=(
+            "sglang.srt.managers.scheduler.Scheduler.event_loop_overlap",
+            "sglang.srt.managers.scheduler.Scheduler.event_loop_normal",
+            "sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch",
+            "sglang.srt.managers.scheduler.Scheduler.run_batch",
+        ),
+        patched_by=(),
     ),
     UpstreamReliance(
         target="sglang.srt.managers.scheduler.Scheduler.get_internal_state",
