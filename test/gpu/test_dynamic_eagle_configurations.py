@@ -138,6 +138,9 @@ def test_lossless_across_switches(configuration_servers, request):
         reference=configuration_servers.get("eagle3"), judged_by_reference=label in JUDGED_BY_EAGLE3)
     assert counters["plain_graph_steps"] == counters["plain_steps"] > 0
     assert counters["prefill_batches"] > 0
+    # Every decode step was decided when the scheduler chose its batch (overlap or not).
+    assert counters["decided_at_batch_selection"] == (
+        counters["plain_steps"] + counters["speculative_steps"])
 
 
 def test_more_than_48_requests_at_once(configuration_servers):

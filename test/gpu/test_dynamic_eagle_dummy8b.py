@@ -104,6 +104,9 @@ def test_lossless_across_switches(servers):
     # Verify results are attributed to steps in launch order; a result of another size than its
     # step would mean the acceptance estimate reads the wrong steps.
     assert counters["mismatched_results"] == 0
+    # Every decode step was decided when the scheduler chose its batch, not at the worker's call.
+    assert counters["decided_at_batch_selection"] == (
+        counters["plain_steps"] + counters["speculative_steps"])
 
 
 @suite_servers
