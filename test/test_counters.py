@@ -30,6 +30,7 @@ ZERO_SNAPSHOT: Dict[str, Union[int, float]] = {
     "max_plain_batch": 0,
     "max_speculative_batch": 0,
     "mismatched_results": 0,
+    "decided_at_batch_selection": 0,
     "host_dispatch_ms": 0.0,
     "host_before_launch_ms": 0.0,
     "host_speculative_step_ms": 0.0,
@@ -234,9 +235,10 @@ def _counters_for_report() -> ModeCounters:
         (SPEC, 3, True),
         (PLAIN, 30, True),
         (PLAIN, 31, False),
-        (SPEC, 3, True),
     ]
     _launch(counters, steps)
+    # The last step decided when the scheduler chose its batch.
+    counters.record_step(SPEC, 3, ran_graph=True, decided_at_selection=True)
     counters.record_result([1, 2, 0])  # 3 requests, 3 + 3 = 6 tokens
     counters.record_result([0] * 30)
     counters.record_result([0] * 31)
@@ -262,6 +264,7 @@ def test_snapshot_reports_every_counter_and_rounds_accept_length() -> None:
         "max_plain_batch": 31,
         "max_speculative_batch": 3,
         "mismatched_results": 0,
+        "decided_at_batch_selection": 1,
         "host_dispatch_ms": 0.0,
         "host_before_launch_ms": 0.0,
         "host_speculative_step_ms": 0.0,

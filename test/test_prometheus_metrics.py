@@ -114,7 +114,7 @@ def _worker_report(policy) -> dict:
     worker.counters = counters_after([(DecodeMode.SPECULATIVE, 2), (DecodeMode.PLAIN, 8)])
     worker._policy = policy
     worker._feed = PolicyFeed(policy)
-    worker.queued, worker.decided_at_selection = 3, 0
+    worker.queued = 3
     worker._catchup = DraftCatchup(req_pool_size=4, ring_size=1024, max_window=64, hidden_width=4,
                                    hidden_dtype=torch.float32, device=torch.device("cpu"))
     worker._plain_graphs = object.__new__(PlainDecodeGraphs)

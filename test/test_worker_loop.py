@@ -235,7 +235,6 @@ def new_worker(monkeypatch):
     instance.request_acceptance = RequestAcceptance()
     instance.queued = 0
     instance._selected = None
-    instance.decided_at_selection = 0
     use_policy(instance, ObservedPolicy(ThresholdPolicy(ThresholdPolicyConfig(2, 2, 1, 48))))
     instance._catchup = catchup
     instance._plain_step = FakePlainStep(catchup)
@@ -481,7 +480,7 @@ def test_a_decode_batch_is_decided_when_the_scheduler_selects_it(worker, monkeyp
     [observation] = worker._policy.observations  # decided at the choice, with the queue
     assert (observation.batch_size, observation.queued, observation.step) == (2, 3, 1)
     worker.forward_batch_generation(batch)
-    assert len(worker._policy.observations) == 1 and worker.decided_at_selection == 1
+    assert len(worker._policy.observations) == 1 and worker.counters.decided_at_batch_selection == 1
     assert worker._timings.steps == [(1, SPEC, 2, 2 * KV_PER_REQUEST)]
     snapshot = worker.counters.snapshot()
     # The decision's host time is the plugin's, but not in the window before the launch.
@@ -498,14 +497,14 @@ def test_other_batches_than_the_selected_decode_batch_are_decided_at_the_call(wo
     other = make_batch(ForwardMode.DECODE, [0, 1])  # another batch object: decided again
     worker.forward_batch_generation(other)
     assert [o.step for o in worker._policy.observations] == [1, 2]
-    assert worker.decided_at_selection == 0 and worker._timings.steps[-1][0] == 2
+    assert worker.counters.decided_at_batch_selection == 0 and worker._timings.steps[-1][0] == 2
     selected = make_batch(ForwardMode.DECODE, [0, 1])
     worker.batch_selected(selected, 0)
     selected.reqs.pop()  # the same object with a request fewer: decided again
     worker.forward_batch_generation(selected)
-    assert worker.decided_at_selection == 0 and len(worker._policy.observations) == 4
+    assert worker.counters.decided_at_batch_selection == 0 and len(worker._policy.observations) == 4
     decode(worker, [0])  # no hook call at all: decided at the call
-    assert worker.decided_at_selection == 0 and len(worker._policy.observations) == 5
+    assert worker.counters.decided_at_batch_selection == 0 and len(worker._policy.observations) == 5
     # sglang's running batch is one object from step to step: a decision made for it at one
     # choice is not used after a later choice of another batch (or of none).
     running = make_batch(ForwardMode.DECODE, [0, 1])
@@ -513,7 +512,7 @@ def test_other_batches_than_the_selected_decode_batch_are_decided_at_the_call(wo
         worker.batch_selected(running, 0)
         worker.batch_selected(later, 0)
         worker.forward_batch_generation(running)
-    assert worker.decided_at_selection == 0 and len(worker._policy.observations) == 9
+    assert worker.counters.decided_at_batch_selection == 0 and len(worker._policy.observations) == 9
 
 
 def test_deciding_at_the_choice_gives_the_decisions_of_deciding_at_the_call(monkeypatch) -> None:
@@ -543,7 +542,7 @@ def test_deciding_at_the_choice_gives_the_decisions_of_deciding_at_the_call(monk
             if pending is not None:
                 worker.on_verify_complete_cpu(pending)
             pending = None if slots == "prefill" else [len(slots) % 3] * len(slots)
-        assert worker.decided_at_selection == (8 if at_choice else 0)
+        assert worker.counters.decided_at_batch_selection == (8 if at_choice else 0)
         runs.append(([(o.batch_size, o.kv_tokens, o.queued, o.step, list(o.verifies or ()),
                        list(o.accepted or ()), list(o.remaining or ()))
                       for o in worker._policy.observations],

@@ -90,10 +90,13 @@ def prefill_in_window(log_lines: Iterable[str], first_iter: int, steps: int) -> 
     return batches, tokens
 
 
-def summarise_trace(trace_path: Path, server_log: Path, first_iter: int, steps: int) -> KernelSummary:
+def trace_events(trace_path: Path) -> List[dict]:
     with gzip.open(trace_path, "rt") as trace:
-        events = json.load(trace).get("traceEvents", [])
-    summary = summarise_events(events)
+        return json.load(trace).get("traceEvents", [])
+
+
+def summarise_trace(trace_path: Path, server_log: Path, first_iter: int, steps: int) -> KernelSummary:
+    summary = summarise_events(trace_events(trace_path))
     summary.prefill_batches, summary.prefill_tokens = prefill_in_window(
         server_log.read_text(errors="replace").splitlines(), first_iter, steps
     )
@@ -151,10 +154,7 @@ def idle_before(events: Iterable[dict], min_gap_us: float = 5.0) -> Dict[str, Tu
 
 def idle_markdown(traces: Dict[str, Path], top: int = 12) -> str:
     """The ``top`` idle gaps by the event that ends them, side by side: gaps, mean us, total ms."""
-    gaps = {}
-    for config, path in traces.items():
-        with gzip.open(path, "rt") as trace:
-            gaps[config] = idle_before(json.load(trace).get("traceEvents", []))
+    gaps = {config: idle_before(trace_events(path)) for config, path in traces.items()}
     totals: Dict[str, float] = defaultdict(float)
     for by_name in gaps.values():
         for name, (_, us) in by_name.items():

@@ -57,7 +57,6 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self.queued = 0  # requests waiting to be admitted; set by the scheduler hook
         # The decision made when the scheduler chose the batch: (batch, its size, view, mode).
         self._selected: Optional[Tuple[ScheduleBatch, int, StepObservation, DecodeMode]] = None
-        self.decided_at_selection = 0  # decode steps whose decision was made there
         self._policy: Optional[DecodePolicy] = None
         self._feed: Optional[PolicyFeed] = None
         self._plain_graphs: Optional[PlainDecodeGraphs] = None
@@ -124,27 +123,27 @@ class DynamicEagleWorker(EAGLEWorkerV2):
     def forward_batch_generation(
         self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None
     ) -> GenerationBatchResult:
-        is_extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
-        if is_extend or batch.forward_mode.is_idle():
+        if not _is_decode(batch):
             self._last_step_plain = False
             self._timings.interrupt()
-        if is_extend:
-            self._catchup.forget(batch_req_pool_indices(batch))
-            return self._prefill(batch, on_publish, grammar_barrier)
-        if batch.forward_mode.is_idle():
-            return super().forward_batch_generation(batch, on_publish, grammar_barrier)
+            if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+                self._catchup.forget(batch_req_pool_indices(batch))
+                return self._prefill(batch, on_publish, grammar_barrier)
+            return super().forward_batch_generation(batch, on_publish, grammar_barrier)  # idle
 
         start = perf_counter()
         selected, self._selected = self._selected, None
-        if selected is not None and selected[0] is batch and selected[1] == len(batch.reqs):
+        at_selection = (selected is not None and selected[0] is batch
+                        and selected[1] == len(batch.reqs))
+        if at_selection:
             observation, mode = selected[2], selected[3]
-            self.decided_at_selection += 1
         else:  # no hook call for this batch (another scheduler loop): decide here
             observation, mode = self._observe_and_decide(batch)
         result, step_s, launched_at = self._decode(mode, batch, on_publish, grammar_barrier)
         self._last_step_plain = mode is DecodeMode.PLAIN
         self.counters.record_step(mode, observation.batch_size,
-                                  ran_graph=bool(result.can_run_cuda_graph), step=self._decode_step)
+                                  ran_graph=bool(result.can_run_cuda_graph), step=self._decode_step,
+                                  decided_at_selection=at_selection)
         self._harvest_catchup_timings()
         self._timings.step_done(self._decode_step, mode, observation.batch_size,
                                 observation.kv_tokens)
@@ -222,7 +221,6 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             **self.counters.snapshot(),
             **self._policy.report(),
             "queued": self.queued,
-            "decided_at_batch_selection": self.decided_at_selection,
             **self._feed.report(),
             **self._catchup.report(),
             **self._plain_graphs.report(),

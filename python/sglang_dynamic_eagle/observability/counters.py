@@ -33,6 +33,8 @@ class ModeCounters:
     mismatched_results: int = 0
     # The decode step (worker's index) of the latest result attributed by record_result.
     verified_step: int = 0
+    # Decode steps decided when the scheduler chose their batch, not at the worker's call.
+    decided_at_batch_selection: int = 0
     # Host (CPU) seconds of the scheduler thread, decode steps only: the worker's own work
     # around a step (its view of the batch, the policy, bookkeeping, its part of result
     # processing; with a trace, the trace's writes; with tensor parallelism, the timing feed's
@@ -47,8 +49,9 @@ class ModeCounters:
     _pending_modes: Deque[Tuple[DecodeMode, int, int]] = field(default_factory=deque, repr=False)
 
     def record_step(self, mode: DecodeMode, batch_size: int, *, ran_graph: bool,
-                    step: int = 0) -> None:
+                    step: int = 0, decided_at_selection: bool = False) -> None:
         """Count one decode step at launch time."""
+        self.decided_at_batch_selection += int(decided_at_selection)
         if mode == DecodeMode.PLAIN:
             self.plain_steps += 1
             self.plain_graph_steps += int(ran_graph)
@@ -121,6 +124,7 @@ class ModeCounters:
             "max_plain_batch": self.max_plain_batch,
             "max_speculative_batch": self.max_speculative_batch,
             "mismatched_results": self.mismatched_results,
+            "decided_at_batch_selection": self.decided_at_batch_selection,
             "host_dispatch_ms": round(1000 * self.host_dispatch_s, 3),
             "host_before_launch_ms": round(1000 * self.host_before_launch_s, 3),
             "host_speculative_step_ms": round(1000 * self.host_step_s[DecodeMode.SPECULATIVE], 3),
