@@ -513,6 +513,12 @@ def test_other_batches_than_the_selected_decode_batch_are_decided_at_the_call(wo
         worker.batch_selected(later, 0)
         worker.forward_batch_generation(running)
     assert worker.counters.decided_at_batch_selection == 0 and len(worker._policy.observations) == 9
+    # A choice is used by the next call only: after another batch's call, the same decode batch
+    # reaching the worker without a hook call is decided again.
+    worker.batch_selected(running, 0)
+    worker.forward_batch_generation(make_batch(ForwardMode.EXTEND, [2]))
+    worker.forward_batch_generation(running)
+    assert worker.counters.decided_at_batch_selection == 0 and len(worker._policy.observations) == 11
 
 
 def test_deciding_at_the_choice_gives_the_decisions_of_deciding_at_the_call(monkeypatch) -> None:

@@ -123,6 +123,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
     def forward_batch_generation(
         self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None
     ) -> GenerationBatchResult:
+        selected, self._selected = self._selected, None  # a choice is used by the next call only
         if not _is_decode(batch):
             self._last_step_plain = False
             self._timings.interrupt()
@@ -132,7 +133,6 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             return super().forward_batch_generation(batch, on_publish, grammar_barrier)  # idle
 
         start = perf_counter()
-        selected, self._selected = self._selected, None
         at_selection = (selected is not None and selected[0] is batch
                         and selected[1] == len(batch.reqs))
         if at_selection:
