@@ -9,8 +9,10 @@ the GPU run wins.
 The server (sglang 0.5.17's scheduler, simplified): each loop runs either one prefill batch
 (waiting requests admitted in arrival order while the running batch is under its cap, the
 prefill under ``chunk_tokens`` and the KV pool holds their prompts plus a reserve of
-``new_token_ratio`` of their outputs) or one decode step of every running request. A request's
-first token comes with its prefill. A system prompt shared by a group of requests (``shared-R``)
+``new_token_ratio`` of their outputs) or one decode step of every running request. As in
+sglang's overlap loop (its default), the next item is chosen when the current one begins, so a
+request arriving at a busy server waits out the running item and the one already chosen
+(``ServerShape.overlap``). A request's first token comes with its prefill. A system prompt shared by a group of requests (``shared-R``)
 is prefilled by the first of them and then found in the prefix cache (never evicted); the pool
 holds it once while a running request uses it; attention still reads it for every request. Costs (milliseconds, named quantities of the GPU and model):
 
@@ -148,6 +150,10 @@ class ServerShape:
     # simulated acceptance: the floor or ceiling of the mean, one draw per verify for the whole
     # batch as sglang's SGLANG_SIMULATE_ACC_LEN, one per request with the test plugin's mixtures).
     acceptance_draws: str = "chain"
+    # sglang's overlap loop (its default) chooses the next item while the GPU runs the current
+    # one: an arrival is seen only when the item after the running one is chosen, so it waits out
+    # the running item and then the one already chosen (False: --disable-overlap-schedule).
+    overlap: bool = True
 
 
 @dataclass
@@ -301,6 +307,7 @@ def serve(client: Client, decide: Callable[[StepObservation], DecodeMode], costs
     chains: Dict[float, float] = {}
     prefixes: Dict[Tuple[int, int], int] = {}  # system prompts in the prefix cache: their tokens
     now, plain_run, previous = 0.0, 0, None
+    chosen_at = 0.0  # when the item that runs next was chosen (overlap: as the one before began)
     timings: deque = deque()
     compiled: set = set()  # catch-up shapes compiled so far (token count a multiple of 16 or not)
 
@@ -318,12 +325,14 @@ def serve(client: Client, decide: Callable[[StepObservation], DecodeMode], costs
         return kept
 
     while True:
-        waiting.extend(client.arrivals(now))
+        waiting.extend(client.arrivals(chosen_at if shape.overlap else now))
         if not waiting and not running:
-            if client.done:
+            if client.done and client.next_arrival() is None:
                 break
-            now = client.next_arrival()
+            now = max(now, client.next_arrival())  # idle: the loop sees the arrival at once
+            chosen_at = now
             continue
+        chosen_at = now  # this item starts now, and the next one is chosen now
         # KV pool: each request's own tokens, and once each system prompt a running request uses
         # (a cached one that none uses is evictable: free for admission, still a prefix hit).
         held = {r.prefix: r.prefix_len for r in running if r.prefix is not None}
