@@ -192,21 +192,32 @@ def in_flight_wait_ms(step_ms: Sequence[float]) -> float:
     return sum(t * t for t in step_ms) / (2 * sum(step_ms))
 
 
+def overlap_wait_ms(step_ms: Sequence[float]) -> float:
+    """On sglang's overlap loop (its default) the step after the one in flight was chosen when
+    the one in flight began, so an arrival at a busy server waits for both before its prefill:
+    ``E[t^2] / (2 E[t]) + E[t]``."""
+    return in_flight_wait_ms(step_ms) + sum(step_ms) / len(step_ms)
+
+
 def wait_line(records: Sequence[dict], origin: float,
               span: Optional[Tuple[float, float]] = None) -> Optional[str]:
     """The wait for the decode step in flight (before a new request's prefill can run: part of
-    its time to first token) over the timed steps, and over the same steps were they plain, as
-    the policy predicted them (``pp``, tokens per second; steps predicted at a larger projected
-    batch than ran are left out of both)."""
+    its time to first token), and with the step already chosen (overlap loop), over the timed
+    steps and over the same steps were they plain, as the policy predicted them (``pp``, tokens
+    per second; steps predicted at a larger projected batch than ran are left out of both)."""
     times = {r["step"]: r["ms"] for r in records if r.get("k") == "time"}
     steps = [r for r in records if r.get("k") == "step" and r["step"] in times and "pb" not in r
              and _in_span(r["t"], origin, span)]
     if not steps:
         return None
-    line = (f"Wait of an arrival for the decode step in flight ({len(steps)} timed steps): "
-            f"{in_flight_wait_ms([times[r['step']] for r in steps]):.2f} ms")
-    if all(r.get("pp") for r in steps):
-        line += f"; {in_flight_wait_ms([1000.0 * r['b'] / r['pp'] for r in steps]):.2f} ms were they plain (predicted)"
+    measured = [times[r["step"]] for r in steps]
+    plain = [1000.0 * r["b"] / r["pp"] for r in steps] if all(r.get("pp") for r in steps) else None
+    line = f"Wait of an arrival for the decode step in flight ({len(steps)} timed steps): {in_flight_wait_ms(measured):.2f} ms"
+    if plain:
+        line += f"; {in_flight_wait_ms(plain):.2f} ms were they plain (predicted)"
+    line += f". With the step already chosen (overlap loop): {overlap_wait_ms(measured):.2f} ms"
+    if plain:
+        line += f"; {overlap_wait_ms(plain):.2f} ms were they plain"
     return line
 
 
