@@ -518,6 +518,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--costs", choices=sorted(COSTS), default="fa3")
     parser.add_argument("--draft-prefill-share", type=float, default=None,
                         help="the draft's prefill over the target's (default: the costs' own)")
+    parser.add_argument("--disable-overlap-schedule", action="store_true",
+                        help="model sglang's loop without overlap (each item chosen when the previous one ends)")
     parser.add_argument("--draws", choices=("chain", "simulated"), default="chain",
                         help="accepted drafts per verify: a draft chain, or as the GPU benchmark's "
                         "simulated acceptance (for comparing with its runs)")
@@ -558,7 +560,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if isinstance(workload, str):
             workload = parse_workloads([workload])[0]
         m = run_seeds(workload, costs_of(costs_name), acceptance, args.seeds,
-                      shape=ServerShape(acceptance_draws=args.draws), warmup=warmup)
+                      shape=ServerShape(acceptance_draws=args.draws, overlap=not args.disable_overlap_schedule),
+                      warmup=warmup)
         label = workload.name + (f" ~{acceptance} {costs_name}" if args.random else "")
         print(row(label, m), flush=True)
         p, e, d = m["plain"], m["eagle3"], m["dynamic"]
