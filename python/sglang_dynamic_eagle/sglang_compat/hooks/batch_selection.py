@@ -6,12 +6,14 @@ decision there, before the scheduler waits for the previous step's verify
 
 from __future__ import annotations
 
+from sglang_dynamic_eagle.sglang_compat.hooks.reporting import dynamic_worker
+
 
 def batch_selected(plan, scheduler, *args, **kwargs):
     """AFTER hook on ``Scheduler.get_next_batch_to_run``: ``plan.batch_to_run`` (None: nothing
     to run) and ``len(scheduler.waiting_queue)`` to the worker; other servers' workers are left
     alone."""
-    worker = getattr(scheduler, "draft_worker", None)
-    if worker is not None and hasattr(worker, "batch_selected"):
+    worker = dynamic_worker(scheduler)
+    if worker is not None:
         worker.batch_selected(getattr(plan, "batch_to_run", None), len(scheduler.waiting_queue))
     return plan
