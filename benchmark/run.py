@@ -36,8 +36,7 @@ SETTINGS = ("configs", "schedule", "rounds", "warmup", "goodput_tpot_ms", "visib
 
 
 def run_order(names: tuple[str, ...], workload_index: int, round_index: int) -> list[str]:
-    """The servers of one round of a workload: rotated by one per workload, reversed every other
-    round (A B in round 0, B A in round 1), so no configuration always runs first."""
+    """One round of a workload's servers: rotated per workload, reversed every other round (A B, then B A)."""
     shift = workload_index % len(names)
     order = list(names[shift:] + names[:shift])
     return order[::-1] if round_index % 2 else order
@@ -66,8 +65,7 @@ def config_record(command: list[str], env: dict, error: str | None = None) -> di
 class PluginMissing(server.ServerError): """The servers lack the plugin that --acceptance and ~MIX need."""
 
 
-def start_group(plan: argparse.Namespace, group: tuple[str, ...], document: dict,
-                served: dict[str, server.RunningServer]) -> None:
+def start_group(plan: argparse.Namespace, group: tuple[str, ...], document: dict, served: dict[str, server.RunningServer]) -> None:
     """Start the servers one after the other, the next once the one before has allocated its KV
     pools, then wait until all are healthy; each goes into ``served`` as it is launched, so that the
     caller stops it whatever happens. One that does not start is recorded (failed_to_start) and
@@ -200,7 +198,8 @@ def command_run(args: argparse.Namespace) -> int:
         plan.scratch = Path(scratch)
         client = bench.BenchClient(plan.scratch / "bench_driver.log")
         try:
-            for group in [(name,) for name in plan.names] if plan.schedule == "sequential" else [plan.names]:
+            groups = [(name,) for name in plan.names] if plan.schedule == "sequential" else [plan.names]
+            for number, group in enumerate(groups):  # each an equal share of the budget left (README)
                 if deadline - time.monotonic() < MIN_GROUP_WINDOW_S:
                     document["configs"].update({name: config_record(command, env, SKIPPED)
                                                 for name, _, command, env in group_commands(plan, group)})
@@ -208,7 +207,8 @@ def command_run(args: argparse.Namespace) -> int:
                 served: dict[str, server.RunningServer] = {}
                 try:
                     start_group(plan, group, document, served)
-                    benchmark_group(plan, group, served, document, client, deadline)
+                    share = (deadline - time.monotonic()) / (len(groups) - number)  # of what is left, for this group
+                    benchmark_group(plan, group, served, document, client, time.monotonic() + share)
                 except server.ServerError as error:
                     logger.error("%s", error)
                 finally:

@@ -188,6 +188,39 @@ def test_rounds_are_outermost_so_a_spent_budget_drops_later_rounds_not_whole_wor
         ("closed-1", 0), ("closed-2", 0), ("closed-1", 1), ("closed-2", 1)]
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["equal shares", "negative control: one deadline"])
+def test_one_server_at_a_time_splits_the_budget_so_a_short_one_drops_rounds_not_servers(fakes, monkeypatch, shared):
+    """Sequential schedule, two servers, two rounds of runs of 100 s on a clock only the runs move, a
+    250 s budget: each server takes an equal share of what is left when it starts (plain 125 s: one
+    round; then EAGLE3_DYNAMIC 150 s: one round). With the whole budget as every server's deadline
+    (the negative control) plain runs both rounds and EAGLE3_DYNAMIC none: no comparison at all."""
+    clock = [0.0]
+
+    def fake_run(plan, client, running, workload, index, round_index, deadline):
+        ok = clock[0] + 100.0 <= deadline
+        clock[0] += 100.0 if ok else 0.0
+        return {"config": running.config, "workload": workload.name, "round": round_index, "metrics": {},
+                "status": "ok" if ok else "skipped", "error": None if ok else run.SKIPPED, "segments": []}
+
+    def one_deadline(plan, group, served, document, client, deadline):
+        return real_group(plan, group, served, document, client, 250.0)
+
+    monkeypatch.setattr(run, "time", argparse.Namespace(monotonic=lambda: clock[0], time=lambda: 0.0,
+                                                        sleep=lambda s: None))
+    monkeypatch.setattr(run, "run_workload", fake_run)
+    monkeypatch.setattr(run, "MIN_GROUP_WINDOW_S", 0.0)
+    real_group = run.benchmark_group
+    if not shared:
+        monkeypatch.setattr(run, "benchmark_group", one_deadline)
+    out = fakes / "out"
+    main(out, "--configs", "plain,dynamic", "--schedule", "sequential", "--workload", "closed-2", "--rounds", "2",
+         "--warmup", "none", "--time-budget-s", "250")
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    done = [(r["config"], r["round"]) for r in runs if r["status"] == "ok"]
+    assert (done == [("plain", 0), ("dynamic", 0)]) is shared
+    assert shared or done == [("plain", 0), ("plain", 1)]
+
+
 def test_a_run_still_going_at_the_end_of_the_budget_is_stopped_and_skipped(fakes, monkeypatch):
     monkeypatch.setattr(run, "MIN_GROUP_WINDOW_S", 0.0)
     monkeypatch.setattr(workloads, "SEGMENT_OVERHEAD_S", 0.0)
