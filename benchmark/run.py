@@ -36,7 +36,7 @@ SETTINGS = ("configs", "schedule", "rounds", "warmup", "goodput_tpot_ms", "visib
 
 
 def run_order(names: tuple[str, ...], workload_index: int, round_index: int) -> list[str]:
-    """One round of a workload's servers: rotated per workload, reversed every other round (A B, then B A)."""
+    """One round of a workload's servers: rotated per workload, reversed every other round (A B, then B A): none always first."""
     shift = workload_index % len(names)
     order = list(names[shift:] + names[:shift])
     return order[::-1] if round_index % 2 else order
