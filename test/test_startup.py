@@ -137,9 +137,11 @@ def test_build_decode_parts(measured, monkeypatch, tmp_path, trace: bool) -> Non
                         lambda runner, capture_bs: built.setdefault("graphs", plain_graphs(capture_bs)))
     monkeypatch.setattr(startup, "PlainDecodeStep",
                         lambda *args: built.setdefault("step", SimpleNamespace(args=args)))
+    monkeypatch.setattr(startup, "warm_sglang_jit_kernels", lambda runner: built.setdefault("warmed", runner))
     worker = fake_worker()
     config = Config(trace_path=str(tmp_path / "trace.jsonl") if trace else None)
     parts = startup.build_decode_parts(worker, config)
+    assert built["warmed"] is worker._target_worker.model_runner  # sglang's JIT kernels, once
     assert parts.plain_graphs is built["graphs"] and parts.plain_step is built["step"]
     assert built["graphs"].graph_runner.capture_bs == PLAIN_BS
     assert built["step"].args == (worker._target_worker, worker._draft_worker.draft_runner, 1,

@@ -1,5 +1,5 @@
-"""What the worker builds once sglang has captured its graphs, from the runners sglang built: the
-catch-up stash (``draft_catchup``), the plain-decode graphs and step (``plain_decode_graphs``,
+"""What the worker builds once sglang has captured its graphs, from the runners sglang built: sglang's
+JIT kernels that traffic would otherwise compile (``jit_warmup``), the catch-up stash (``draft_catchup``), the plain-decode graphs and step (``plain_decode_graphs``,
 ``plain_step``), and the policy with its priors: every graph bucket's replay timed at start-up
 (``step_costs.calibrate``) and the KV bytes a step reads over the device's copy bandwidth, made
 identical on every tensor-parallel rank (the slowest rank's).
@@ -23,6 +23,7 @@ from sglang_dynamic_eagle.engine.draft_catchup import (
     choose_ring_size,
 )
 from sglang_dynamic_eagle.engine.observations import PolicyFeed
+from sglang_dynamic_eagle.engine.jit_warmup import warm_sglang_jit_kernels
 from sglang_dynamic_eagle.engine.plain_decode_graphs import (
     PlainDecodeGraphs,
     plain_decode_batch_sizes,
@@ -61,6 +62,7 @@ def build_decode_parts(worker, config: Config) -> DecodeParts:
     """Everything ``worker`` (an ``EAGLEWorkerV2`` whose graphs are captured) needs besides
     sglang's own speculative step."""
     target_runner = worker._target_worker.model_runner
+    warm_sglang_jit_kernels(target_runner)
     with refused_if_out_of_memory(
             f"the draft catch-up stash ({config.catchup_budget_mib} MiB)",
             f"or set {CATCHUP_BUDGET_ENV} lower (the catch-up then redoes fewer positions)"):

@@ -44,6 +44,19 @@ ENGINE_RELIANCES: Tuple[UpstreamReliance, ...] = (
         ),
     ),
     UpstreamReliance(
+        target="sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func",
+        how="called at start-up with empty ranges for every power of two of requests, both "
+        "length dtypes and both slot-pointer alignments (engine.jit_warmup)",
+        why="its triton kernel takes the request count's power of two as a compile-time "
+        "constant, so traffic compiled it at each new batch size: decode steps of 77-127 ms "
+        "(H100, triton, 2026-12-06)",
+        drop_when="sglang compiles the kernel at start-up or stops specialising it on batch size",
+        kind=PRIVATE_CALL,
+        code=(
+            "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func",
+        ),
+    ),
+    UpstreamReliance(
         target="EagleDraftWorker._draft_extend_for_prefill",
         how="called with an EXTEND view of the missed positions (engine.draft_catchup; the "
         "view is the entry below)",
