@@ -1,6 +1,6 @@
 """engine/jit_warmup.py on CPU: the start-up calls of sglang's request-slot kernel cover every
-variant (power of two, length dtype, slot-pointer alignment) its two callers can meet, write
-nothing, and a failure does not stop the server."""
+variant (power of two, argument dtypes, slot-pointer alignment) a speculative decode step can
+meet, write nothing, and a failure does not stop the server."""
 
 from __future__ import annotations
 
@@ -28,13 +28,11 @@ def variant(count: int, lengths: torch.Tensor, slots: torch.Tensor) -> Key:
 
 
 def met_under_traffic(requests: int) -> Set[Key]:
-    """The variants sglang's callers can meet: a speculative decode step (int32 lengths) or a
-    prefill (int64) with 1..requests requests, the slots a view at any offset into the int64
-    free list."""
+    """The variants a speculative decode step can meet (``alloc_for_spec_decode``: int32
+    lengths, 1..requests requests, the slots a view at any offset into the int64 free list)."""
     free_list = torch.arange(1, 64, dtype=torch.int64)
-    return {variant(count, torch.zeros(count, dtype=dtype), free_list[offset:offset + 1])
-            for count in range(1, requests + 1) for dtype in (torch.int32, torch.int64)
-            for offset in (0, 1)}
+    return {variant(count, torch.zeros(count, dtype=torch.int32), free_list[offset:offset + 1])
+            for count in range(1, requests + 1) for offset in (0, 1)}
 
 
 def recorded_warm_up(warm=jit_warmup.warm_request_slot_kernel) -> Tuple[Set[Key], torch.Tensor, int]:
@@ -49,7 +47,7 @@ def recorded_warm_up(warm=jit_warmup.warm_request_slot_kernel) -> Tuple[Set[Key]
             req_to_token[row, first:last] = slots[:last - first].to(req_to_token.dtype)
         seen.append(variant(count, start, slots))
 
-    calls = warm(table, assign)
+    calls = warm(table, REQUESTS, assign)
     assert torch.equal(table, before), "the warm-up wrote into the request table"
     return set(seen), table, calls
 
@@ -64,18 +62,29 @@ def test_the_warm_up_covers_every_variant_traffic_meets_and_writes_nothing() -> 
     warmed, _, calls = recorded_warm_up()
     needed = met_under_traffic(REQUESTS)
     assert needed <= warmed, sorted(needed - warmed, key=str)
-    assert calls == len(warmed) == 4 * len(jit_warmup.powers_of_two_up_to(REQUESTS))
+    assert calls == len(warmed) == 2 * len(jit_warmup.powers_of_two_up_to(REQUESTS))
+
+
+def test_the_request_cap_bounds_the_warm_up() -> None:
+    """sglang sizes the table beyond the running-request cap when no cap is given; the warm-up
+    stops at the cap (no batch is larger), and at the table when the cap is larger."""
+    table = torch.zeros(4097, 8, dtype=torch.int32)
+    sizes = []
+    jit_warmup.warm_request_slot_kernel(table, 48, lambda *args: sizes.append(args[-1]))
+    assert sorted(set(sizes)) == [1, 2, 4, 8, 16, 32, 64]
+    sizes.clear()
+    jit_warmup.warm_request_slot_kernel(table[:9], 48, lambda *args: sizes.append(args[-1]))
+    assert sorted(set(sizes)) == [1, 2, 4, 8]
 
 
 def test_a_warm_up_of_aligned_slots_only_misses_variants() -> None:
     """Negative control: aligned slot pointers alone (the obvious warm-up) leave half the
     variants to compile under traffic."""
-    def aligned_only(table, assign):
+    def aligned_only(table, requests, assign):
         slots = torch.zeros(2, dtype=torch.int64)
-        for count in jit_warmup.powers_of_two_up_to(table.shape[0] - 1):
-            for dtype in (torch.int32, torch.int64):
-                lengths = torch.zeros(count, dtype=dtype)
-                assign(torch.zeros(count, dtype=torch.int64), table, lengths, lengths, slots[:1], count)
+        for count in jit_warmup.powers_of_two_up_to(requests):
+            lengths = torch.zeros(count, dtype=torch.int32)
+            assign(torch.zeros(count, dtype=torch.int64), table, lengths, lengths, slots[:1], count)
         return 0
 
     warmed, _, _ = recorded_warm_up(aligned_only)
@@ -103,9 +112,21 @@ def test_the_start_up_warm_up_calls_sglangs_function(monkeypatch, caplog) -> Non
     calls = []
     monkeypatch.setattr(allocation, "assign_req_to_token_pool_func", lambda *args: calls.append(args[-1]))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    runner = SimpleNamespace(req_to_token_pool=SimpleNamespace(
-        req_to_token=torch.zeros(REQUESTS + 1, 16, dtype=torch.int32)))
+    runner = SimpleNamespace(max_running_requests=REQUESTS, req_to_token_pool=SimpleNamespace(
+        req_to_token=torch.zeros(4097, 16, dtype=torch.int32)))
     with caplog.at_level(logging.INFO, logger=jit_warmup.__name__):
         jit_warmup.warm_sglang_jit_kernels(runner)
-    assert sorted(set(calls)) == [1, 2, 4, 8, 16, 32, 64] and len(calls) == 28
-    assert "pre-compiled 28 variants" in caplog.text
+    assert sorted(set(calls)) == [1, 2, 4, 8, 16, 32, 64] and len(calls) == 14
+    assert "pre-compiled 14 variants" in caplog.text
+
+
+def test_a_warm_up_that_writes_is_caught() -> None:
+    """Negative control of the no-write check: a range of one slot writes into the table."""
+    def writes(table, requests, assign):
+        slots = torch.full((2,), 7, dtype=torch.int64)
+        assign(torch.zeros(1, dtype=torch.int64), table, torch.zeros(1, dtype=torch.int32),
+               torch.ones(1, dtype=torch.int32), slots[:1], 1)
+        return 1
+
+    with pytest.raises(AssertionError, match="wrote into the request table"):
+        recorded_warm_up(writes)

@@ -217,6 +217,18 @@ def test_runs_more_than_48_requests_at_once(tiny_servers, eval_set):
     assert counters["max_plain_batch"] > 48
 
 
+@pytest.mark.uses_servers("tiny_dynamic")
+def test_request_slot_kernel_compiled_at_start_up(tiny_servers):
+    """engine/jit_warmup: the start-up compiled every variant of sglang's request-slot kernel
+    (2 per power of two up to the running-request cap) and said so; a failed warm-up would log that
+    it could not."""
+    log = tiny_servers["tiny_dynamic"].log_path.read_text(errors="replace")
+    found = re.search(r"pre-compiled (\d+) variants of sglang's request-slot kernel", log)
+    print(f"request-slot kernel: {found.group(0) if found else 'no warm-up line'}")
+    assert "could not pre-compile" not in log
+    assert found and int(found.group(1)) >= 2 * 7 and int(found.group(1)) % 2 == 0  # cap >= 33
+
+
 @pytest.mark.uses_servers("tiny_dynamic", "tiny_plain")
 def test_logprob_requests_in_both_modes(tiny_servers, eval_set):
     prompts = eval_set["prompts"][:LOGPROB_WAVE]

@@ -1,22 +1,20 @@
 """Compile at start-up the JIT kernel variants that sglang would compile under traffic.
 
-sglang writes each request's KV slots into its request-to-token table with the triton kernel
-``assign_req_to_token_pool`` (``mem_cache.allocation``). The kernel takes the next power of two
-of its request count as a compile-time constant, and triton compiles one variant per
-(power of two, argument dtypes, whether each pointer is 16-byte aligned). Two callers meet them
-under traffic:
+A speculative decode step that needs new KV slots writes them into sglang's request-to-token
+table with the triton kernel ``assign_req_to_token_pool`` (``mem_cache.allocation``, called by
+``alloc_for_spec_decode`` with every request of the batch and int32 lengths; plain decode steps
+and prefills write the table with other kernels). The kernel takes the next power of two of the
+batch as a compile-time constant, and triton compiles one variant per (power of two, whether
+each pointer is 16-byte aligned). With one-token pages the slots are a view into the allocator's
+int64 free list, so their pointer is aligned or not from call to call. Each variant met for the
+first time compiles on the host while the GPU waits. Measured (H100, triton, Poisson 10 req/s,
+2026-12-06): every decode step of 77-127 ms in the run (six) ended as triton finished compiling
+one of these variants; a first token that arrives behind one waits that long more. Compiling
+every variant once at start-up (empty ranges: the kernel writes nothing) moves that wait out of
+serving; with triton's on-disk cache a later start on the same machine only loads them.
 
-* a speculative decode step that allocates (``alloc_for_spec_decode``, every request of the
-  batch, lengths in int32);
-* a prefill (``alloc_for_extend``, the requests it admits, lengths in int64).
-
-The KV slots come from a view into the allocator's free list (int64), so half the calls see an
-8-byte-aligned, not 16-byte-aligned, slot pointer. Each variant met for the first time compiles
-on the host while the GPU waits. Measured (H100, triton, Poisson 10 req/s, 2026-12-06): every
-decode step of 77-127 ms in the run (six) began as triton wrote one of these variants to its
-cache; a first token that arrives behind one waits that long more. Compiling every variant
-once at start-up (empty ranges: the kernel writes nothing) moves that wait out of serving; with
-triton's on-disk cache a later start on the same machine only loads them.
+Not covered: with pages larger than one token, sglang's paged allocator compiles its own
+``alloc_extend_kernel`` per power of two as well.
 """
 
 from __future__ import annotations
@@ -28,10 +26,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# (dtype of the length tensors, whether the slot pointer is 16-byte aligned), as the two callers
-# above pass them.
-VARIANTS: Tuple[Tuple[torch.dtype, bool], ...] = (
-    (torch.int32, True), (torch.int32, False), (torch.int64, True), (torch.int64, False))
+# Whether the slot pointer is 16-byte aligned (a view into the int64 free list: either).
+ALIGNMENTS: Tuple[bool, ...] = (True, False)
+LENGTH_DTYPE = torch.int32  # what alloc_for_spec_decode passes (eagle_prepare_for_decode)
 
 
 def powers_of_two_up_to(limit: int) -> List[int]:
@@ -43,18 +40,18 @@ def powers_of_two_up_to(limit: int) -> List[int]:
     return sizes
 
 
-def warm_request_slot_kernel(req_to_token: torch.Tensor,
+def warm_request_slot_kernel(req_to_token: torch.Tensor, max_requests: int,
                              assign: Callable[..., None]) -> int:
     """Call ``assign`` (sglang's ``assign_req_to_token_pool_func``) once per variant, for every
-    power of two up to the request pool (the table has one row more: row 0 is never handed
-    out), with start == end (no slot is written). Returns the number of calls."""
+    power of two up to ``max_requests`` (at most the table's rows less one: row 0 is never
+    handed out), with start == end (no slot is written). Returns the number of calls."""
     device = req_to_token.device
     slots = torch.zeros(2, dtype=torch.int64, device=device)  # [1:] is 8 bytes off alignment
     calls = 0
-    for count in powers_of_two_up_to(max(1, req_to_token.shape[0] - 1)):
+    for count in powers_of_two_up_to(max(1, min(max_requests, req_to_token.shape[0] - 1))):
         rows = torch.zeros(count, dtype=torch.int64, device=device)
-        for dtype, aligned in VARIANTS:
-            lengths = torch.zeros(count, dtype=dtype, device=device)
+        lengths = torch.zeros(count, dtype=LENGTH_DTYPE, device=device)
+        for aligned in ALIGNMENTS:
             assign(rows, req_to_token, lengths, lengths, slots[:1] if aligned else slots[1:],
                    count)
             calls += 1
@@ -62,13 +59,15 @@ def warm_request_slot_kernel(req_to_token: torch.Tensor,
 
 
 def warm_sglang_jit_kernels(model_runner) -> None:
-    """Start-up hook: compile the variants above for ``model_runner``'s request table. A failure
-    is logged and serving goes on (the kernels then compile on first use, as in sglang)."""
+    """Start-up hook: compile the variants above for ``model_runner``'s request table, up to its
+    running-request cap. A failure is logged and serving goes on (the kernels then compile on
+    first use, as in sglang)."""
     from sglang.srt.mem_cache import allocation  # registry: engine (assign_req_to_token_pool_func)
 
     try:
-        calls = warm_request_slot_kernel(model_runner.req_to_token_pool.req_to_token,
-                                         allocation.assign_req_to_token_pool_func)
+        table = model_runner.req_to_token_pool.req_to_token
+        cap = int(getattr(model_runner, "max_running_requests", 0) or table.shape[0])
+        calls = warm_request_slot_kernel(table, cap, allocation.assign_req_to_token_pool_func)
         torch.cuda.synchronize()
     except Exception as error:  # noqa: BLE001 - a warm-up must not stop the server
         logger.warning("EAGLE3_DYNAMIC: could not pre-compile sglang's request-slot kernel "

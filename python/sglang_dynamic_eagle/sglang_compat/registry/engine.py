@@ -45,11 +45,12 @@ ENGINE_RELIANCES: Tuple[UpstreamReliance, ...] = (
     ),
     UpstreamReliance(
         target="sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func",
-        how="called at start-up with empty ranges for every power of two of requests, both "
-        "length dtypes and both slot-pointer alignments (engine.jit_warmup)",
-        why="its triton kernel takes the request count's power of two as a compile-time "
-        "constant, so traffic compiled it at each new batch size: decode steps of 77-127 ms "
-        "(H100, triton, 2026-12-06)",
+        how="called at start-up with empty ranges and int32 lengths (as alloc_for_spec_decode "
+        "passes them) for every power of two up to the running-request cap and both slot-pointer "
+        "alignments (engine.jit_warmup)",
+        why="its triton kernel takes the batch's power of two as a compile-time constant, so "
+        "speculative steps compiled it at each new batch size: steps of 77-127 ms (H100, "
+        "triton, 2026-12-06)",
         drop_when="sglang compiles the kernel at start-up or stops specialising it on batch size",
         kind=PRIVATE_CALL,
         code=(
