@@ -1,9 +1,11 @@
 """Compile at start-up the JIT kernel variants that sglang would compile under traffic.
 
-A speculative decode step that needs new KV slots writes them into sglang's request-to-token
-table with the triton kernel ``assign_req_to_token_pool`` (``mem_cache.allocation``, called by
-``alloc_for_spec_decode`` with every request of the batch and int32 lengths; plain decode steps
-and prefills write the table with other kernels). The kernel takes the next power of two of the
+A decode step of a speculative server that needs new KV slots writes them into sglang's
+request-to-token table with the triton kernel ``assign_req_to_token_pool``
+(``mem_cache.allocation``, called by ``alloc_for_spec_decode`` with every request of the batch
+and int32 lengths). EAGLE3_DYNAMIC's steps in both modes do (sglang allocates, in
+``eagle_prepare_for_decode``, before the worker chooses the mode); a plain server's decode steps
+and every prefill write the table with other kernels. The kernel takes the next power of two of the
 batch as a compile-time constant, and triton compiles one variant per (power of two, whether
 each pointer is 16-byte aligned). With one-token pages the slots are a view into the allocator's
 int64 free list, so their pointer is aligned or not from call to call. Each variant met for the

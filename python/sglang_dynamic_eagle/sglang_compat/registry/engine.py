@@ -49,8 +49,8 @@ ENGINE_RELIANCES: Tuple[UpstreamReliance, ...] = (
         "passes them) for every power of two up to the running-request cap and both slot-pointer "
         "alignments (engine.jit_warmup)",
         why="its triton kernel takes the batch's power of two as a compile-time constant, so "
-        "speculative steps compiled it at each new batch size: steps of 77-127 ms (H100, "
-        "triton, 2026-12-06)",
+        "decode steps (both modes: sglang allocates before the worker decides) compiled it at "
+        "each new batch size: steps of 77-127 ms (H100, triton, 2026-12-06)",
         drop_when="sglang compiles the kernel at start-up or stops specialising it on batch size",
         kind=PRIVATE_CALL,
         code=(
