@@ -1,5 +1,6 @@
-"""What the worker builds once sglang has captured its graphs, from the runners sglang built: sglang's
-JIT kernels that traffic would otherwise compile (``jit_warmup``), the catch-up stash (``draft_catchup``), the plain-decode graphs and step (``plain_decode_graphs``,
+"""What the worker builds once sglang has captured its graphs, from the runners sglang built:
+sglang's JIT kernels that traffic would otherwise compile (``jit_warmup``), the catch-up stash
+(``draft_catchup``), the plain-decode graphs and step (``plain_decode_graphs``,
 ``plain_step``), and the policy with its priors: every graph bucket's replay timed at start-up
 (``step_costs.calibrate``) and the KV bytes a step reads over the device's copy bandwidth, made
 identical on every tensor-parallel rank (the slowest rank's).
@@ -22,8 +23,8 @@ from sglang_dynamic_eagle.engine.draft_catchup import (
     DraftCatchup,
     choose_ring_size,
 )
-from sglang_dynamic_eagle.engine.observations import PolicyFeed
 from sglang_dynamic_eagle.engine.jit_warmup import warm_sglang_jit_kernels
+from sglang_dynamic_eagle.engine.observations import PolicyFeed
 from sglang_dynamic_eagle.engine.plain_decode_graphs import (
     PlainDecodeGraphs,
     plain_decode_batch_sizes,
