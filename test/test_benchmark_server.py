@@ -91,3 +91,28 @@ def test_the_next_server_waits_for_every_kv_pool_of_the_one_before(tmp_path):
                                 server.base_url_of("127.0.0.1", 1))
     with pytest.raises(server.ServerError, match="out of memory"):
         server.wait_until_kv_allocated(dying, pools=1, timeout_s=30, tail_lines=5)
+
+
+def test_an_answer_that_is_not_http_reads_as_nothing_answered():
+    """Polling a port nobody listens on can connect the socket to itself (an ephemeral port), so
+    the request comes back as the 'status line': that is no server, not a crash of the poll (a CI
+    run of the out-of-memory test died on it)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def echo_once():
+        connection, _ = listener.accept()
+        with connection:
+            connection.sendall(connection.recv(1024))  # what a self-connected socket reads back
+
+    thread = threading.Thread(target=echo_once, daemon=True)
+    thread.start()
+    try:
+        assert server.http_get(f"http://127.0.0.1:{listener.getsockname()[1]}/health", 5.0) == (0, b"")
+    finally:
+        thread.join(5)
+        listener.close()

@@ -3,6 +3,7 @@ and the GPU tests' lifecycle)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -48,8 +49,7 @@ def log_tail(path: Path, lines: int) -> str:
     return "".join(line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + " [...]\n" for line in last)
 
 
-def start_server(config: str, command: list[str], env: dict[str, str], log_path: Path,
-                 base_url: str) -> RunningServer:
+def start_server(config: str, command: list[str], env: dict[str, str], log_path: Path, base_url: str) -> RunningServer:
     """Launch the server in its own process group, so that stopping it also ends its workers."""
     with log_path.open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -58,13 +58,13 @@ def start_server(config: str, command: list[str], env: dict[str, str], log_path:
 
 
 def http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
-    """(status, body); status 0 where nothing answered."""
+    """(status, body); status 0 where nothing (or no HTTP server: a self-connected socket) answered."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, b""
-    except OSError:  # URLError, connection errors and timeouts
+    except (OSError, http.client.HTTPException):  # URLError, connection errors, timeouts, non-HTTP
         return 0, b""
 
 
