@@ -156,3 +156,17 @@ def test_console_script_runs_without_a_gpu() -> None:
     # The line the launcher refuses EAGLE3_DYNAMIC with on this machine (test_startup_errors).
     assert first == missing_nvidia_gpu() and first.startswith(NEEDS + "; ")
     assert "installed packages:" in proc.stdout
+
+
+def test_triton_cache_line_reads_triton_cache_dir_first(tmp_path) -> None:
+    """Empty (or absent) it says that every start compiles again and how to keep the folder;
+    with files it counts them; TRITON_CACHE_DIR wins over the home folder's default."""
+    assert "is empty" in doctor.triton_cache_line(tmp_path, environ={})
+    assert "TRITON_CACHE_DIR" in doctor.triton_cache_line(tmp_path, environ={})
+    default = tmp_path / ".triton" / "cache" / "ABC"
+    default.mkdir(parents=True)
+    (default / "assign_req_to_token_pool.cubin").write_bytes(b"\0" * 2**20)
+    assert doctor.triton_cache_line(tmp_path, environ={}).endswith("1 files, 1 MiB")
+    elsewhere = tmp_path / "kept"
+    elsewhere.mkdir()
+    assert f"{elsewhere} is empty" in doctor.triton_cache_line(tmp_path, environ={"TRITON_CACHE_DIR": str(elsewhere)})

@@ -12,6 +12,7 @@ launcher refuses EAGLE3_DYNAMIC with on such a machine (``gpu_check``).
 from __future__ import annotations
 
 import importlib.util
+import os
 import struct
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -107,14 +108,27 @@ def kernel_line(capability: Capability, package_dir: Optional[Path]) -> Tuple[bo
     return archs.covers(capability), f"{library} {verdict} {sm} (machine code: {listed})"
 
 
-def flashinfer_cache_line(home: Path) -> str:
-    cache = home / ".cache" / "flashinfer"
-    if not cache.exists():
-        return (f"flashinfer JIT cache: {cache} is empty; the first server start with "
-                "flashinfer kernels compiles them (minutes)")
-    files = [p for p in cache.rglob("*") if p.is_file()]
+def _cache_line(name: str, cache: Path, when_empty: str) -> str:
+    files = [p for p in cache.rglob("*") if p.is_file()] if cache.exists() else []
+    if not files:
+        return f"{name} JIT cache: {cache} is empty; {when_empty}"
     size = sum(p.stat().st_size for p in files)
-    return f"flashinfer JIT cache: {cache}, {len(files)} files, {size / 2**20:.0f} MiB"
+    return f"{name} JIT cache: {cache}, {len(files)} files, {size / 2**20:.0f} MiB"
+
+
+def flashinfer_cache_line(home: Path) -> str:
+    return _cache_line("flashinfer", home / ".cache" / "flashinfer",
+                       "the first server start with flashinfer kernels compiles them (minutes)")
+
+
+def triton_cache_line(home: Path, environ: Optional[Dict[str, str]] = None) -> str:
+    """Where triton keeps compiled kernels: the server compiles sglang's request-slot kernel for
+    every batch size at start-up (engine/jit_warmup.py), and each start on an empty cache (a fresh
+    container) compiles it again; keep the folder to load them instead."""
+    cache = Path((os.environ if environ is None else environ).get("TRITON_CACHE_DIR")
+                 or home / ".triton" / "cache")
+    return _cache_line("triton", cache, "each server start compiles sglang's triton kernels "
+                       "again (set TRITON_CACHE_DIR to a folder that persists)")
 
 
 def package_versions(
@@ -169,6 +183,7 @@ def doctor(torch_module=None, package_dir: Optional[Path] = None, home: Optional
             return 2
     status, lines = device_report(torch_module, package_dir or find_sgl_kernel())
     lines.append(flashinfer_cache_line(home or Path.home()))
+    lines.append(triton_cache_line(home or Path.home()))
     lines.append("installed packages:")
     lines += [f"  {name}: {version or 'not installed'}" for name, version in package_versions().items()]
     for line in lines:
