@@ -160,7 +160,7 @@ def test_console_script_runs_without_a_gpu() -> None:
 
 def test_triton_cache_line_reads_triton_cache_dir_first(tmp_path) -> None:
     """Empty (or absent) it says that every start compiles again and how to keep the folder;
-    with files it counts them; TRITON_CACHE_DIR wins over the home folder's default."""
+    with files it counts them; TRITON_CACHE_DIR wins over TRITON_HOME, which wins over home."""
     assert "is empty" in doctor.triton_cache_line(tmp_path, environ={})
     assert "TRITON_CACHE_DIR" in doctor.triton_cache_line(tmp_path, environ={})
     default = tmp_path / ".triton" / "cache" / "ABC"
@@ -170,3 +170,6 @@ def test_triton_cache_line_reads_triton_cache_dir_first(tmp_path) -> None:
     elsewhere = tmp_path / "kept"
     elsewhere.mkdir()
     assert f"{elsewhere} is empty" in doctor.triton_cache_line(tmp_path, environ={"TRITON_CACHE_DIR": str(elsewhere)})
+    home = tmp_path / "triton-home"
+    assert f"{home / '.triton' / 'cache'} is empty" in doctor.triton_cache_line(
+        tmp_path, environ={"TRITON_HOME": str(home)})

@@ -102,7 +102,7 @@ def test_a_failed_warm_up_is_logged_and_serving_goes_on(monkeypatch, caplog) -> 
     runner = SimpleNamespace(req_to_token_pool=SimpleNamespace(
         req_to_token=torch.zeros(REQUESTS + 1, 16, dtype=torch.int32)))
     with caplog.at_level(logging.WARNING, logger=jit_warmup.__name__):
-        jit_warmup.warm_sglang_jit_kernels(runner)
+        jit_warmup.warm_sglang_jit_kernels(runner, REQUESTS)
     assert "no GPU here" in caplog.text and "request-slot kernel" in caplog.text
 
 
@@ -112,10 +112,10 @@ def test_the_start_up_warm_up_calls_sglangs_function(monkeypatch, caplog) -> Non
     calls = []
     monkeypatch.setattr(allocation, "assign_req_to_token_pool_func", lambda *args: calls.append(args[-1]))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    runner = SimpleNamespace(max_running_requests=REQUESTS, req_to_token_pool=SimpleNamespace(
+    runner = SimpleNamespace(req_to_token_pool=SimpleNamespace(
         req_to_token=torch.zeros(4097, 16, dtype=torch.int32)))
     with caplog.at_level(logging.INFO, logger=jit_warmup.__name__):
-        jit_warmup.warm_sglang_jit_kernels(runner)
+        jit_warmup.warm_sglang_jit_kernels(runner, REQUESTS)
     assert sorted(set(calls)) == [1, 2, 4, 8, 16, 32, 64] and len(calls) == 14
     assert "pre-compiled 14 variants" in caplog.text
 

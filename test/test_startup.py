@@ -55,6 +55,7 @@ def fake_worker(spec_max: Optional[List[int]] = (32, 32, 16)) -> SimpleNamespace
 @pytest.fixture
 def measured(monkeypatch) -> List:
     """Fixed GPU measurements; returns the calibrations asked for (mode runners, buckets)."""
+    monkeypatch.setattr(startup, "warm_sglang_jit_kernels", lambda runner, cap: None)
     asked: List = []
 
     def calibrate(mode_runners, buckets, recorded=None):
@@ -137,11 +138,12 @@ def test_build_decode_parts(measured, monkeypatch, tmp_path, trace: bool) -> Non
                         lambda runner, capture_bs: built.setdefault("graphs", plain_graphs(capture_bs)))
     monkeypatch.setattr(startup, "PlainDecodeStep",
                         lambda *args: built.setdefault("step", SimpleNamespace(args=args)))
-    monkeypatch.setattr(startup, "warm_sglang_jit_kernels", lambda runner: built.setdefault("warmed", runner))
+    monkeypatch.setattr(startup, "warm_sglang_jit_kernels",
+                        lambda runner, cap: built.setdefault("warmed", (runner, cap)))
     worker = fake_worker()
     config = Config(trace_path=str(tmp_path / "trace.jsonl") if trace else None)
     parts = startup.build_decode_parts(worker, config)
-    assert built["warmed"] is worker._target_worker.model_runner  # sglang's JIT kernels, once
+    assert built["warmed"] == (worker._target_worker.model_runner, 64)  # sglang's JIT kernels, once
     assert parts.plain_graphs is built["graphs"] and parts.plain_step is built["step"]
     assert built["graphs"].graph_runner.capture_bs == PLAIN_BS
     assert built["step"].args == (worker._target_worker, worker._draft_worker.draft_runner, 1,

@@ -122,11 +122,13 @@ def flashinfer_cache_line(home: Path) -> str:
 
 
 def triton_cache_line(home: Path, environ: Optional[Dict[str, str]] = None) -> str:
-    """Where triton keeps compiled kernels: the server compiles sglang's request-slot kernel for
-    every batch size at start-up (engine/jit_warmup.py), and each start on an empty cache (a fresh
-    container) compiles it again; keep the folder to load them instead."""
-    cache = Path((os.environ if environ is None else environ).get("TRITON_CACHE_DIR")
-                 or home / ".triton" / "cache")
+    """Where triton keeps compiled kernels (TRITON_CACHE_DIR, else TRITON_HOME's or the home
+    folder's .triton/cache): the server compiles sglang's request-slot kernel for every power of
+    two up to its request cap at start-up (engine/jit_warmup.py), and each start on an empty cache
+    (a fresh container) compiles it again; keep the folder to load them instead."""
+    environ = os.environ if environ is None else environ
+    cache = Path(environ.get("TRITON_CACHE_DIR")
+                 or Path(environ.get("TRITON_HOME") or home) / ".triton" / "cache")
     return _cache_line("triton", cache, "each server start compiles sglang's triton kernels "
                        "again (set TRITON_CACHE_DIR to a folder that persists)")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Iterator, List
 
@@ -11,6 +12,7 @@ import pytest
 from sglang_dynamic_eagle.config import CATCHUP_WINDOW_ENV
 
 from gpu_servers import (
+    TINY_DYNAMIC_TRITON_CACHE,
     MODEL_FOLDERS,
     FIXED_THRESHOLD_FLAGS,
     TINY_PAIR,
@@ -71,7 +73,9 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
                                           *FIXED_THRESHOLD_FLAGS],
     }
     env = tiny_pair_server_env()
+    shutil.rmtree(TINY_DYNAMIC_TRITON_CACHE, ignore_errors=True)  # its own, empty: see the test
     server_envs = {
+        "tiny_dynamic": {"TRITON_CACHE_DIR": str(TINY_DYNAMIC_TRITON_CACHE)},
         "tiny_dynamic_window1": {CATCHUP_WINDOW_ENV: "1"},
         "tiny_dynamic_greedy_plain": {"SGLANG_DE_TEST_BREAK_PLAIN_STEP": "greedy"},
         "tiny_dynamic_retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"},

@@ -48,6 +48,9 @@ FIXED_THRESHOLD_FLAGS = [
 ]
 # Server logs (server_<name>.log) go here; run.sh points it at its output folder.
 LOG_DIR = Path(os.environ.get("SGLANG_DE_LOG_DIR", "/tmp"))
+# The tiny EAGLE3_DYNAMIC server's own triton cache, emptied before it starts: every kernel it
+# compiles (at start-up or while serving) leaves an entry there.
+TINY_DYNAMIC_TRITON_CACHE = LOG_DIR / "triton-cache-tiny_dynamic"
 # test/gpu/native_ops_plugin: float32 servers need it (sglang's CUDA rmsnorm takes no float32).
 NATIVE_OPS_ENV = "SGLANG_DE_TEST_NATIVE_OPS"
 NATIVE_OPS_PLUGIN = "dynamic_eagle_test_native_ops"

@@ -29,6 +29,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import pytest
 
+from gpu_servers import TINY_DYNAMIC_TRITON_CACHE
 from token_comparison import TOP_LOGPROBS, compare_outputs, first_difference
 
 pytestmark = pytest.mark.gpu
@@ -218,15 +219,23 @@ def test_runs_more_than_48_requests_at_once(tiny_servers, eval_set):
 
 
 @pytest.mark.uses_servers("tiny_dynamic")
-def test_request_slot_kernel_compiled_at_start_up(tiny_servers):
+def test_request_slot_kernel_compiled_at_start_up(tiny_servers, eval_set):
     """engine/jit_warmup: the start-up compiled every variant of sglang's request-slot kernel
-    (2 per power of two up to the running-request cap) and said so; a failed warm-up would log that
-    it could not."""
-    log = tiny_servers["tiny_dynamic"].log_path.read_text(errors="replace")
+    (2 per power of two up to the running-request cap) and said so, and traffic at batch sizes
+    across that range compiles none: the server's own triton cache holds exactly the variants the
+    start-up logged (a variant the warm-up missed would add an entry while serving)."""
+    server = tiny_servers["tiny_dynamic"]
+    prompts = (eval_set["prompts"] * 4)[:65]
+    for concurrency in (1, 3, 6, 12, 24, 48, 65):  # a power of two's worth of batch sizes each
+        send(server, prompts[:concurrency], [40] * concurrency, concurrency)
+    log = server.log_path.read_text(errors="replace")
     found = re.search(r"pre-compiled (\d+) variants of sglang's request-slot kernel", log)
-    print(f"request-slot kernel: {found.group(0) if found else 'no warm-up line'}")
+    entries = list(TINY_DYNAMIC_TRITON_CACHE.rglob("assign_req_to_token_pool.json"))
+    print(f"request-slot kernel: {found.group(0) if found else 'no warm-up line'}; "
+          f"{len(entries)} cache entries after traffic")
     assert "could not pre-compile" not in log
     assert found and int(found.group(1)) >= 2 * 7 and int(found.group(1)) % 2 == 0  # cap >= 33
+    assert len(entries) == int(found.group(1))
 
 
 @pytest.mark.uses_servers("tiny_dynamic", "tiny_plain")

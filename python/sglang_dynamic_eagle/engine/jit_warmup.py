@@ -60,16 +60,15 @@ def warm_request_slot_kernel(req_to_token: torch.Tensor, max_requests: int,
     return calls
 
 
-def warm_sglang_jit_kernels(model_runner) -> None:
-    """Start-up hook: compile the variants above for ``model_runner``'s request table, up to its
-    running-request cap. A failure is logged and serving goes on (the kernels then compile on
-    first use, as in sglang)."""
-    from sglang.srt.mem_cache import allocation  # registry: engine (assign_req_to_token_pool_func)
-
+def warm_sglang_jit_kernels(model_runner, max_requests: int) -> None:
+    """Start-up hook: compile the variants above for ``model_runner``'s request table, up to
+    ``max_requests`` (the running-request cap). A failure is logged and serving goes on (the
+    kernels then compile on first use, as in sglang)."""
     try:
-        table = model_runner.req_to_token_pool.req_to_token
-        cap = int(getattr(model_runner, "max_running_requests", 0) or table.shape[0])
-        calls = warm_request_slot_kernel(table, cap, allocation.assign_req_to_token_pool_func)
+        from sglang.srt.mem_cache import allocation  # registry: engine (assign_req_to_token_pool)
+
+        calls = warm_request_slot_kernel(model_runner.req_to_token_pool.req_to_token,
+                                         max_requests, allocation.assign_req_to_token_pool_func)
         torch.cuda.synchronize()
     except Exception as error:  # noqa: BLE001 - a warm-up must not stop the server
         logger.warning("EAGLE3_DYNAMIC: could not pre-compile sglang's request-slot kernel "

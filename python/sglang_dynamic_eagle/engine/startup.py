@@ -63,7 +63,7 @@ def build_decode_parts(worker, config: Config) -> DecodeParts:
     """Everything ``worker`` (an ``EAGLEWorkerV2`` whose graphs are captured) needs besides
     sglang's own speculative step."""
     target_runner = worker._target_worker.model_runner
-    warm_sglang_jit_kernels(target_runner)
+    warm_sglang_jit_kernels(target_runner, running_request_cap(worker))
     with refused_if_out_of_memory(
             f"the draft catch-up stash ({config.catchup_budget_mib} MiB)",
             f"or set {CATCHUP_BUDGET_ENV} lower (the catch-up then redoes fewer positions)"):
@@ -89,6 +89,12 @@ def build_decode_parts(worker, config: Config) -> DecodeParts:
         catchup.ring_size, catchup.stash_bytes / 2**20, catchup.max_window,
     )
     return DecodeParts(catchup, plain_graphs, plain_step, policy, feed, timings)
+
+
+def running_request_cap(worker) -> int:
+    """The most requests a batch holds: the target runner's cap, else the server argument."""
+    return max(1, int(getattr(worker._target_worker.model_runner, "max_running_requests", 0)
+                      or worker.server_args.max_running_requests or 1))
 
 
 def trace_file(worker, config: Config) -> Optional[str]:
@@ -210,8 +216,7 @@ def new_policy(worker, config: Config, max_speculative_batch: int,
     spec_one = calibration[DecodeMode.SPECULATIVE].get(min(buckets[DecodeMode.SPECULATIVE]), 0.0)
     policy_config = ThroughputPolicyConfig(
         max_speculative_batch=max_speculative_batch,
-        max_running_requests=max(1, int(getattr(target_runner, "max_running_requests", 0)
-                                         or worker.server_args.max_running_requests or 1)),
+        max_running_requests=running_request_cap(worker),
         kv_capacity_tokens=max(1, int(target_runner.max_total_num_tokens)),
         catchup_window=catchup_window,
         catchup_max_tokens=MAX_CATCHUP_TOKENS,

@@ -55,6 +55,10 @@ ENGINE_RELIANCES: Tuple[UpstreamReliance, ...] = (
         kind=PRIVATE_CALL,
         code=(
             "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func",
+            "sglang.srt.mem_cache.allocation.assign_req_to_token_pool",
+            "sglang.srt.mem_cache.allocation.alloc_for_spec_decode",
+            "sglang.srt.speculative.eagle_utils.eagle_prepare_for_decode",
+            "sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.alloc",
         ),
     ),
     UpstreamReliance(
