@@ -52,6 +52,11 @@ def recorded_warm_up(warm=jit_warmup.warm_request_slot_kernel) -> Tuple[Set[Key]
     return set(seen), table, calls
 
 
+def runner(rows: int) -> SimpleNamespace:
+    return SimpleNamespace(device=torch.device("cpu"), req_to_token_pool=SimpleNamespace(
+        req_to_token=torch.zeros(rows, 16, dtype=torch.int32)))
+
+
 def test_powers_of_two_cover_every_request_count() -> None:
     for limit in (1, 2, 3, 48, 64, 257):
         sizes = jit_warmup.powers_of_two_up_to(limit)
@@ -93,31 +98,37 @@ def test_a_warm_up_of_aligned_slots_only_misses_variants() -> None:
 
 
 def test_a_failed_warm_up_is_logged_and_serving_goes_on(monkeypatch, caplog) -> None:
+    """Each kernel's failure is logged on its own; the other is still compiled."""
     from sglang.srt.mem_cache import allocation
+    from sglang.srt.model_executor import forward_batch_info
 
     def broken(*args):
         raise RuntimeError("no GPU here")
 
+    positions = []
     monkeypatch.setattr(allocation, "assign_req_to_token_pool_func", broken)
-    runner = SimpleNamespace(req_to_token_pool=SimpleNamespace(
-        req_to_token=torch.zeros(REQUESTS + 1, 16, dtype=torch.int32)))
-    with caplog.at_level(logging.WARNING, logger=jit_warmup.__name__):
-        jit_warmup.warm_sglang_jit_kernels(runner, REQUESTS)
-    assert "no GPU here" in caplog.text and "request-slot kernel" in caplog.text
-
-
-def test_the_start_up_warm_up_calls_sglangs_function(monkeypatch, caplog) -> None:
-    from sglang.srt.mem_cache import allocation
-
-    calls = []
-    monkeypatch.setattr(allocation, "assign_req_to_token_pool_func", lambda *args: calls.append(args[-1]))
+    monkeypatch.setattr(forward_batch_info, "clamp_position", positions.append)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    runner = SimpleNamespace(req_to_token_pool=SimpleNamespace(
-        req_to_token=torch.zeros(4097, 16, dtype=torch.int32)))
     with caplog.at_level(logging.INFO, logger=jit_warmup.__name__):
-        jit_warmup.warm_sglang_jit_kernels(runner, REQUESTS)
+        jit_warmup.warm_sglang_jit_kernels(runner(REQUESTS + 1), REQUESTS)
+    assert "no GPU here" in caplog.text and "could not pre-compile sglang's request-slot kernel" in caplog.text
+    assert len(positions) == 1 and "pre-compiled sglang's DECODE-position kernel" in caplog.text
+
+
+def test_the_start_up_warm_up_calls_sglangs_functions(monkeypatch, caplog) -> None:
+    from sglang.srt.mem_cache import allocation
+    from sglang.srt.model_executor import forward_batch_info
+
+    calls, positions = [], []
+    monkeypatch.setattr(allocation, "assign_req_to_token_pool_func", lambda *args: calls.append(args[-1]))
+    monkeypatch.setattr(forward_batch_info, "clamp_position", positions.append)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    with caplog.at_level(logging.INFO, logger=jit_warmup.__name__):
+        jit_warmup.warm_sglang_jit_kernels(runner(4097), REQUESTS)
     assert sorted(set(calls)) == [1, 2, 4, 8, 16, 32, 64] and len(calls) == 14
-    assert "pre-compiled 14 variants" in caplog.text
+    assert "pre-compiled 14 variants of sglang's request-slot kernel" in caplog.text
+    [seq_lens] = positions  # DECODE positions: one int64 sequence length on the runner's device
+    assert seq_lens.dtype == torch.int64 and seq_lens.device == torch.device("cpu")
 
 
 def test_a_warm_up_that_writes_is_caught() -> None:

@@ -1,4 +1,9 @@
-"""Compile at start-up the JIT kernel variants that sglang would compile under traffic.
+"""Compile at start-up the JIT kernels that sglang would otherwise compile while serving.
+
+* ``clamp_position`` (``forward_batch_info``): ``ForwardBatch.init_new`` computes DECODE
+  positions with it; a speculative server never builds a DECODE batch, so without this the first
+  switch to plain mode stalled for the compile (7 s measured on an H200, 2026-11-29).
+* ``assign_req_to_token_pool``, below.
 
 A decode step of a speculative server that needs new KV slots writes them into sglang's
 request-to-token table with the triton kernel ``assign_req_to_token_pool``
@@ -61,19 +66,32 @@ def warm_request_slot_kernel(req_to_token: torch.Tensor, max_requests: int,
 
 
 def warm_sglang_jit_kernels(model_runner, max_requests: int) -> None:
-    """Start-up hook: compile the variants above for ``model_runner``'s request table, up to
-    ``max_requests`` (the running-request cap). A failure is logged and serving goes on (the
-    kernels then compile on first use, as in sglang)."""
-    try:
+    """Start-up hook: compile the kernels above for ``model_runner`` (the request-slot kernel up
+    to ``max_requests``, the running-request cap). A failure is logged and serving goes on (that
+    kernel then compiles on first use, as in sglang)."""
+    def positions() -> str:
+        from sglang.srt.model_executor import forward_batch_info  # registry: engine (clamp_position)
+
+        forward_batch_info.clamp_position(torch.ones(1, dtype=torch.int64, device=model_runner.device))
+        return ""
+
+    def request_slots() -> str:
         from sglang.srt.mem_cache import allocation  # registry: engine (assign_req_to_token_pool)
 
         calls = warm_request_slot_kernel(model_runner.req_to_token_pool.req_to_token,
                                          max_requests, allocation.assign_req_to_token_pool_func)
+        return f"{calls} variants of "
+
+    _compile("sglang's DECODE-position kernel", positions)
+    _compile("sglang's request-slot kernel", request_slots)
+
+
+def _compile(what: str, build: Callable[[], str]) -> None:
+    try:
+        done = build()
         torch.cuda.synchronize()
     except Exception as error:  # noqa: BLE001 - a warm-up must not stop the server
-        logger.warning("EAGLE3_DYNAMIC: could not pre-compile sglang's request-slot kernel "
-                       "(%s); its first calls at each new batch size will compile while "
-                       "serving.", error)
+        logger.warning("EAGLE3_DYNAMIC: could not pre-compile %s (%s); its first calls will "
+                       "compile while serving.", what, error)
         return
-    logger.info("EAGLE3_DYNAMIC: pre-compiled %d variants of sglang's request-slot kernel.",
-                calls)
+    logger.info("EAGLE3_DYNAMIC: pre-compiled %s%s.", done, what)

@@ -17,7 +17,6 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Union
 
 import torch
-from sglang.srt.model_executor import forward_batch_info
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.model_executor.graph_shared_output import GraphSharedOutput
 from sglang.srt.model_executor.runner import DecodeCudaGraphRunner
@@ -71,16 +70,6 @@ def _as_plain_server(model_runner: ModelRunner, capture_bs: List[int]) -> Iterat
         yield
     finally:
         model_runner.spec_algorithm, decode.bs, model_runner.graph_shared_output = saved
-
-
-def _compile_decode_positions_kernel(device) -> None:
-    """Build sglang's JIT ``clamp_position`` kernel now rather than in the first plain step.
-
-    ``ForwardBatch.init_new`` computes DECODE positions with it; a speculative
-    server never builds a DECODE batch, so without this the first switch to
-    plain mode stalls for the compile (7 s measured on an H200, 2026-11-29).
-    """
-    forward_batch_info.clamp_position(torch.ones(1, dtype=torch.int64, device=device))
 
 
 class PlainDecodeCudaGraphRunner(DecodeCudaGraphRunner):
@@ -139,7 +128,6 @@ class PlainDecodeGraphs:
         self.capture_gib = 0.0
         if capture_bs:
             self._capture(capture_bs)
-        _compile_decode_positions_kernel(model_runner.device)
 
     @property
     def max_bs(self) -> int:

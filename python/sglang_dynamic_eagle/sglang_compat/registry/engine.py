@@ -33,8 +33,7 @@ ENGINE_RELIANCES: Tuple[UpstreamReliance, ...] = (
     ),
     UpstreamReliance(
         target="sglang.srt.model_executor.forward_batch_info.clamp_position",
-        how="called once at start-up (engine.plain_decode_graphs."
-        "_compile_decode_positions_kernel)",
+        how="called once at start-up (engine.jit_warmup.warm_sglang_jit_kernels)",
         why="sglang JIT-compiles it on the first DECODE ForwardBatch; a speculative server "
         "never builds one, so the first switch to plain mode stalled 7 s (H200, 2026-11-29)",
         drop_when="sglang compiles its JIT kernels at start-up",
