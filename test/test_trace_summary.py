@@ -241,3 +241,29 @@ def test_the_wait_for_the_step_in_flight_weighs_long_steps_by_their_length(tmp_p
     assert ("Wait of an arrival for the decode step in flight (20 timed steps): 12.50 ms; 5.00 ms were they "
             "plain (predicted). With the step already chosen (overlap loop): 32.50 ms; 15.00 ms were they "
             "plain") in render(path, replay=False)
+
+
+def test_gpu_stalls_are_steps_far_over_their_predicted_time(tmp_path) -> None:
+    """A fresh H100's first traffic on triton (2026-12-06): decode steps of 9-26 ms were
+    interrupted by 68-127 ms compiles of sglang's request-slot kernel, and a GPU test's server
+    sharing the GPU doubled two steps of 22 ms. A step at 2x its predicted time or more is
+    listed with when it ran; steps at 1.5x (a long KV read the model priced low) are not, nor
+    a step predicted at a projected batch ("pb"), whose prediction is for another batch."""
+    path = tmp_path / "trace.jsonl"
+
+    def lines(slow_ms):
+        rows = []
+        for n in range(1, 41):
+            step = {"k": "step", "step": n, "t": 0.03 * n, "mode": "speculative", "b": 27, "kv": 23000,
+                    "q": 0, "pt": 22.0}
+            if n == 40:
+                step.update(q=9, pb=36)
+            ms = {12: slow_ms, 30: 33.0, 40: 120.0}.get(n, 22.5)
+            rows += [step, {"k": "time", "step": n, "ms": ms}]
+        return "".join(json.dumps(row) + "\n" for row in rows)
+
+    path.write_text(lines(110.0))
+    assert ("GPU stalls (a timed step over 2x its predicted time, 39 steps): 1; the longest 110.0 ms against "
+            "22.0 at step 12 (speculative, 27 requests, 0.3 s in)") in render(path, replay=False)
+    path.write_text(lines(40.0))
+    assert "GPU stalls (a timed step over 2x its predicted time, 39 steps): none" in render(path, replay=False)

@@ -16,8 +16,9 @@ never for comparison. Prefill batches (``prefill`` lines, absent from older trac
 per prompt-token range: the target's and the draft's GPU time apart. The verifies' tokens per
 request, over all of them and over each request's first ones (newer traces): far apart, the
 requests accept differently and the slow ones hold the batch. Catch-ups (their GPU time: one
-that compiles at a new shape stands out) and host stalls (a step whose host time is many times
-its mode's median: a compile, a garbage collection) are listed, and, where the trace has them,
+that compiles at a new shape stands out), host stalls (a step whose host time is many times
+its mode's median: a compile, a garbage collection) and GPU stalls (a timed step twice the time
+the policy predicted for it: a compile, another process on the GPU) are listed, and, where the trace has them,
 the tokens and milliseconds the policy predicted for its speculative steps against the verified
 and measured ones, and the time a new request waits for the decode step in flight before its
 prefill (part of its time to first token), beside that wait were the same steps plain. A trace
@@ -43,6 +44,10 @@ REPLAY_WINDOW = 256  # catch-up window of the replay (the server's default)
 # A step's host time over this many times its mode's median is a stall (launches vary by a
 # few times with the batch; a compile or a collection takes tens of milliseconds).
 HOST_STALL_FACTOR = 10.0
+# A timed step over this many times the milliseconds the policy predicted for it is a GPU stall:
+# the cost model's error is a few percent (its prediction line), while a first-use compile
+# (sglang's triton kernels, 68-127 ms on an H100) or another process on the GPU doubles a step.
+GPU_STALL_FACTOR = 2.0
 
 
 def _range_of(value: int, ranges=BATCH_RANGES) -> Tuple[int, str]:
@@ -242,6 +247,27 @@ def stall_line(records: Sequence[dict], origin: float,
             f"{step['t'] - origin:.1f} s in)")
 
 
+def gpu_stall_line(records: Sequence[dict], origin: float,
+                   span: Optional[Tuple[float, float]] = None) -> Optional[str]:
+    """Timed decode steps whose GPU interval exceeds ``GPU_STALL_FACTOR`` times the milliseconds
+    the policy predicted for them (``pt``; steps predicted at a projected batch left out): how
+    many, and the three longest with when they ran, so an operator can line them up with what
+    else happened then (a compile in triton's cache, another server's traffic)."""
+    times = {r["step"]: r["ms"] for r in records if r.get("k") == "time"}
+    steps = [r for r in records if r.get("k") == "step" and r.get("pt") and "pb" not in r
+             and r["step"] in times and _in_span(r["t"], origin, span)]
+    if not steps:
+        return None
+    title = f"GPU stalls (a timed step over {GPU_STALL_FACTOR:g}x its predicted time, {len(steps)} steps)"
+    stalls = sorted((r for r in steps if times[r["step"]] > GPU_STALL_FACTOR * r["pt"]),
+                    key=lambda r: -times[r["step"]])
+    if not stalls:
+        return f"{title}: none"
+    return f"{title}: {len(stalls)}; the longest " + ", ".join(
+        f"{times[r['step']]:.1f} ms against {r['pt']:.1f} at step {r['step']} ({r['mode']}, {r['b']} requests, "
+        f"{r['t'] - origin:.1f} s in)" for r in stalls[:3])
+
+
 def render(path: Path, windows: int = 1, replay: bool = True,
            span: Optional[Tuple[float, float]] = None) -> str:
     path = Path(path)
@@ -262,7 +288,7 @@ def render(path: Path, windows: int = 1, replay: bool = True,
         lines += ["| " + " | ".join(str(row[k]) for k in keys) + " |" for row in prefills]
     for line in (acceptance_line(records, steps[0].t, span), prediction_line(records, steps[0].t, span),
                  catchup_line(records, steps[0].t, span), wait_line(records, steps[0].t, span),
-                 stall_line(records, steps[0].t, span)):
+                 stall_line(records, steps[0].t, span), gpu_stall_line(records, steps[0].t, span)):
         if line:
             lines += ["", line]
     unmeasured = [m.value for m in DecodeMode if not any(s.mode is m and s.ms for s in steps)]
