@@ -541,6 +541,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "(random_cases), then how many rows fall below 0.97x the better throughput "
                         "or above 1.05x the better median E2E")
     parser.add_argument("--random-seed", type=int, default=0)
+    parser.add_argument("--max-total-tokens", type=int, default=ServerShape.kv_capacity_tokens,
+                        help="the KV pool in tokens, as the GPU run's --max-total-tokens")
     parser.add_argument("--catchup-compile-ms", type=float, default=0.0,
                         help="what a catch-up at a shape not seen before adds (compiling; ~25 on an H100)")
     args = parser.parse_args(argv)
@@ -568,7 +570,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if isinstance(workload, str):
             workload = parse_workloads([workload])[0]
         m = run_seeds(workload, costs_of(costs_name), acceptance, args.seeds,
-                      shape=ServerShape(acceptance_draws=args.draws, overlap=not args.disable_overlap_schedule),
+                      shape=ServerShape(kv_capacity_tokens=args.max_total_tokens, acceptance_draws=args.draws,
+                                        overlap=not args.disable_overlap_schedule),
                       warmup=warmup)
         label = workload.name + (f" ~{acceptance} {costs_name}" if args.random else "")
         print(row(label, m), flush=True)
