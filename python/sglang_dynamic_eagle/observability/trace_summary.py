@@ -170,12 +170,24 @@ def catchup_line(records: Sequence[dict], origin: float,
             f"({longest['tokens']:,} tokens)")
 
 
+def _step_ms(records: Sequence[dict]) -> Dict[int, float]:
+    """Each timed decode step's measured milliseconds, by step."""
+    return {r["step"]: r["ms"] for r in records if r.get("k") == "time"}
+
+
+def _timed_at_their_batch(records: Sequence[dict], times: Dict[int, float], origin: float,
+                          span: Optional[Tuple[float, float]]) -> List[dict]:
+    """The timed decode steps in the span that were predicted at the batch that ran (no ``pb``)."""
+    return [r for r in records if r.get("k") == "step" and r["step"] in times and "pb" not in r
+            and _in_span(r["t"], origin, span)]
+
+
 def prediction_line(records: Sequence[dict], origin: float,
                     span: Optional[Tuple[float, float]] = None) -> Optional[str]:
     """Speculative steps without a queue (predicted at the batch that ran), timed and verified:
     the median tokens per step predicted against verified, and step milliseconds predicted
     against measured, so a misjudged acceptance shows apart from a misjudged step time."""
-    times = {r["step"]: r["ms"] for r in records if r.get("k") == "time"}
+    times = _step_ms(records)
     tokens = {r["step"]: r["tokens"] for r in records if r.get("k") == "verify"}
     chosen = [r for r in records if r.get("k") == "step" and r["mode"] == "speculative" and not r["q"]
               and "ys" in r and "pt" in r and r["step"] in times and r["step"] in tokens
@@ -210,9 +222,8 @@ def wait_line(records: Sequence[dict], origin: float,
     its time to first token), and with the step already chosen (overlap loop), over the timed
     steps and over the same steps were they plain, as the policy predicted them (``pp``, tokens
     per second; steps predicted at a larger projected batch than ran are left out of both)."""
-    times = {r["step"]: r["ms"] for r in records if r.get("k") == "time"}
-    steps = [r for r in records if r.get("k") == "step" and r["step"] in times and "pb" not in r
-             and _in_span(r["t"], origin, span)]
+    times = _step_ms(records)
+    steps = _timed_at_their_batch(records, times, origin, span)
     if not steps:
         return None
     measured = [times[r["step"]] for r in steps]
@@ -253,9 +264,8 @@ def gpu_stall_line(records: Sequence[dict], origin: float,
     the policy predicted for them (``pt``; steps predicted at a projected batch left out): how
     many, and the three longest with when they ran, so an operator can line them up with what
     else happened then (a compile in triton's cache, another server's traffic)."""
-    times = {r["step"]: r["ms"] for r in records if r.get("k") == "time"}
-    steps = [r for r in records if r.get("k") == "step" and r.get("pt") and "pb" not in r
-             and r["step"] in times and _in_span(r["t"], origin, span)]
+    times = _step_ms(records)
+    steps = [r for r in _timed_at_their_batch(records, times, origin, span) if r.get("pt")]
     if not steps:
         return None
     title = f"GPU stalls (a timed step over {GPU_STALL_FACTOR:g}x its predicted time, {len(steps)} steps)"
