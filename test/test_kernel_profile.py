@@ -154,3 +154,55 @@ def test_idle_before_counts_each_gap_once_by_the_event_that_ends_it(tmp_path):
     # Shifted by 100 us, dynamic's copy ends a 25 us gap and its attentions 88 and 25 us ones.
     assert "| `attention` | 2, 16, 0.0 | 2, 56, 0.1 |" in table
     assert "| `copy` | - | 1, 25, 0.0 |" in table
+
+
+def launched(name: str, ts: float, dur: float, correlation: int) -> dict:
+    return dict(kernel(name, ts, dur), args={"correlation": correlation})
+
+
+def host_call(name: str, correlation: int) -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": 0, "dur": 1,
+            "args": {"correlation": correlation}}
+
+
+def graph(correlation: int, start: float, kernels: int, each: float = 10.0) -> list:
+    return [host_call("cudaGraphLaunch", correlation)] + [
+        launched("layer", start + i * each, each, correlation) for i in range(kernels)]
+
+
+def test_decode_steps_pair_consecutive_replays_of_the_decode_graph_and_sum_what_lies_between(tmp_path):
+    # Three 4-kernel decode graphs 100 us apart (40 us each), the first two with two eager
+    # kernels between them (one launched by cudaLaunchKernel, one by the driver), then a
+    # 2-kernel graph (a prefill piece) that breaks the third pair, then a fourth decode graph.
+    events = (graph(1, 0, 4) + graph(2, 100, 4) + graph(3, 200, 4) + graph(4, 250, 2)
+              + graph(5, 300, 4)
+              + [host_call("cudaLaunchKernel", 10), launched("index", 50, 5, 10),
+                 launched("index", 60, 10, 10),
+                 {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 0, "dur": 1,
+                  "args": {"correlation": 11}}, launched("triton", 150, 20, 11)])
+    steps = kernel_profile.decode_steps(events, min_graph_kernels=3)
+    assert steps.graph_kernels == 4
+    assert steps.steps == 2  # 1->2 and 2->3; 3->4 and 4->5 are broken by the 2-kernel graph
+    assert steps.period_us == 100.0 and steps.graph_span_us == 40.0
+    assert steps.between_busy_us == (15.0 + 20.0) / 2 and steps.between_kernels == 1.5
+    assert steps.between_idle_us == 60.0 - 17.5
+    assert steps.between_by_name_us == {"index": 7.5, "triton": 10.0}
+    # A kernel whose host call is not a graph launch never counts as a graph, however many.
+    eager = [host_call("cudaLaunchKernel", 7)] + [launched("layer", 400 + i, 1, 7) for i in range(9)]
+    assert kernel_profile.decode_steps(events + eager, min_graph_kernels=3).graph_kernels == 4
+    assert kernel_profile.decode_steps(events, min_graph_kernels=5).steps == 0
+    paths = {}
+    for config, late in (("plain", 0), ("dynamic", 30)):
+        paths[config] = tmp_path / f"{config}.trace.json.gz"
+        shifted = [dict(e, ts=e["ts"] + late) if e.get("name") == "triton" else e for e in events]
+        with gzip.open(paths[config], "wt") as out:
+            json.dump({"traceEvents": shifted}, out)
+    with pytest.raises(SystemExit):
+        kernel_profile.main(["--decode-steps"])
+    assert "| consecutive steps | 0 | 0 |" in kernel_profile.main(["--decode-steps", *(
+        f"{c}={p}" for c, p in paths.items())])  # the command line's floor is 100 kernels
+    table = kernel_profile.decode_steps_markdown(paths, min_graph_kernels=3)
+    assert "| period (us) | 100 | 100 |" in table
+    # dynamic's triton kernel starts 30 us later: the same busy time, no other change
+    assert "| GPU busy between graphs (us) | 18 | 18 |" in table
+    assert "| `triton` (us) | 10.0 | 10.0 |" in table

@@ -171,11 +171,104 @@ def idle_markdown(traces: Dict[str, Path], top: int = 12) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass
+class DecodeSteps:
+    """Consecutive replays of a trace's most frequent large CUDA graph (the decode step at the
+    window's batch size) and what the GPU did between them: the step's own graph against the
+    work each mode adds around it (input preparation, result handling) and the GPU's idle time
+    there (the host late with the next step)."""
+
+    graph_kernels: int = 0
+    steps: int = 0
+    period_us: float = 0.0  # graph start to the next one's start, mean
+    graph_span_us: float = 0.0  # first kernel start to last kernel end of a replay, mean
+    between_busy_us: float = 0.0  # GPU busy between a replay's end and the next one's start, mean
+    between_kernels: float = 0.0
+    between_by_name_us: Dict[str, float] = field(default_factory=dict)  # per step
+
+    @property
+    def between_idle_us(self) -> float:
+        return self.period_us - self.graph_span_us - self.between_busy_us
+
+
+def decode_steps(events: Sequence[dict], min_graph_kernels: int = 100) -> DecodeSteps:
+    """The decode steps of one trace: GPU events are matched to the host call that launched
+    them by their ``correlation``; a graph replay is the events of one ``cudaGraphLaunch``.
+    Only pairs of consecutive replays of the most frequent graph with at least
+    ``min_graph_kernels`` kernels count, so prefills and other graphs between them do not."""
+    launches = {e["args"]["correlation"]: e["name"] for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    gpu = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_EVENT_CATEGORIES),
+                 key=lambda e: e["ts"])
+    replays: Dict[int, List[dict]] = defaultdict(list)
+    for event in gpu:
+        correlation = event.get("args", {}).get("correlation")
+        if launches.get(correlation) == "cudaGraphLaunch":
+            replays[correlation].append(event)
+    graphs = sorted((min(e["ts"] for e in ks), max(e["ts"] + e["dur"] for e in ks), len(ks))
+                    for ks in replays.values())
+    sizes = [n for _, _, n in graphs if n >= min_graph_kernels]
+    result = DecodeSteps(graph_kernels=max(set(sizes), key=sizes.count) if sizes else 0)
+    by_name: Dict[str, float] = defaultdict(float)
+    for (start, end, n), (next_start, _, next_n) in zip(graphs, graphs[1:]):
+        if n != result.graph_kernels or next_n != n:
+            continue
+        between = [e for e in gpu if end <= e["ts"] < next_start
+                   and launches.get(e.get("args", {}).get("correlation")) != "cudaGraphLaunch"]
+        result.steps += 1
+        result.period_us += next_start - start
+        result.graph_span_us += end - start
+        result.between_busy_us += union_length([(e["ts"], e["ts"] + e["dur"]) for e in between])
+        result.between_kernels += len(between)
+        for e in between:
+            by_name[e["name"]] += e["dur"]
+    if result.steps:
+        for name in ("period_us", "graph_span_us", "between_busy_us", "between_kernels"):
+            setattr(result, name, getattr(result, name) / result.steps)
+        result.between_by_name_us = {k: v / result.steps for k, v in by_name.items()}
+    return result
+
+
+def decode_steps_markdown(traces: Dict[str, Path], top: int = 10, min_graph_kernels: int = 100) -> str:
+    """Each trace's decode steps side by side, and the ``top`` kernels between the graphs."""
+    steps = {config: decode_steps(trace_events(path), min_graph_kernels)
+             for config, path in traces.items()}
+    configs = list(traces)
+    lines = ["| per decode step | " + " | ".join(configs) + " |", "| --- |" + " --- |" * len(configs)]
+    rows = [("decode graph (kernels)", lambda s: f"{s.graph_kernels}"),
+            ("consecutive steps", lambda s: f"{s.steps}"),
+            ("period (us)", lambda s: f"{s.period_us:.0f}"),
+            ("graph span (us)", lambda s: f"{s.graph_span_us:.0f}"),
+            ("GPU busy between graphs (us)", lambda s: f"{s.between_busy_us:.0f}"),
+            ("GPU idle between graphs (us)", lambda s: f"{s.between_idle_us:.0f}"),
+            ("kernels between graphs", lambda s: f"{s.between_kernels:.1f}")]
+    for label, cell in rows:
+        lines.append(f"| {label} | " + " | ".join(cell(steps[c]) for c in configs) + " |")
+    totals: Dict[str, float] = defaultdict(float)
+    for s in steps.values():
+        for name, us in s.between_by_name_us.items():
+            totals[name] += us
+    for name in sorted(totals, key=totals.get, reverse=True)[:top]:
+        lines.append(f"| `{_short(name)}` (us) | " + " | ".join(
+            f"{steps[c].between_by_name_us.get(name, 0.0):.1f}" for c in configs) + " |")
+    return "\n".join(lines) + "\n"
+
+
+USAGE = ("usage: python3 tools/kernel_profile.py [--decode-steps] CONFIG=TRACE.json.gz [CONFIG=TRACE ...]"
+         " (the GPU's idle gaps by the event that ends them; --decode-steps: each decode step's"
+         " graph and the GPU work and idle time between graphs)")
+
+
+def main(argv: Sequence[str]) -> str:
+    decode = "--decode-steps" in argv
+    pairs = [arg for arg in argv if arg != "--decode-steps"]
+    if not pairs or any("=" not in arg for arg in pairs):
+        raise SystemExit(USAGE)
+    traces = {arg.split("=", 1)[0]: Path(arg.split("=", 1)[1]) for arg in pairs}
+    return decode_steps_markdown(traces) if decode else idle_markdown(traces)
+
+
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) < 2 or any("=" not in arg for arg in sys.argv[1:]):
-        sys.exit("usage: python3 tools/kernel_profile.py CONFIG=TRACE.json.gz [CONFIG=TRACE ...]"
-                 " (the GPU's idle gaps by the event that ends them)")
-    print(idle_markdown({arg.split("=", 1)[0]: Path(arg.split("=", 1)[1])
-                         for arg in sys.argv[1:]}), end="")
+    print(main(sys.argv[1:]), end="")
