@@ -75,6 +75,18 @@ def test_the_draft_prefill_share_delays_first_tokens() -> None:
     assert ttft[1] == pytest.approx(1.06 * ttft[0])
 
 
+def test_plain_steps_of_a_speculating_server_pay_the_work_around_them() -> None:
+    """A closed loop of 16 x 200: 398 plain steps. A speculating server held in plain mode pays
+    ``plain_mode_extra_ms`` on each; a plain server never does."""
+    extra = replace(FA3, noise=0.0, plain_mode_extra_ms=0.05)
+    workload = one("closed-16@512x200")
+    end = {(costs is extra, speculative): max(r.done_ms for r in served(workload, costs=costs, speculative=speculative)[0].requests)
+           for costs in (replace(FA3, noise=0.0), extra) for speculative in (False, True)}
+    assert end[(True, True)] - end[(False, True)] == pytest.approx(398 * 0.05)
+    assert end[(True, False)] == end[(False, False)] == end[(False, True)]
+    assert sm.COSTS["h100-triton"].plain_mode_extra_ms == 0.045  # its measured value
+
+
 def test_a_shared_system_prompt_is_prefilled_once_and_held_once_in_the_kv_pool() -> None:
     """shared-R: each group's requests start with its one system prompt; the first request of a
     group prefills it, the later ones find it cached (prefill only their question), and the pool

@@ -16,7 +16,8 @@ request arriving at a busy server waits out the running item and the one already
 is prefilled by the first of them and then found in the prefix cache (never evicted); the pool
 holds it once while a running request uses it; attention still reads it for every request. Costs (milliseconds, named quantities of the GPU and model):
 
-    plain step  = plain_fixed + plain_per_request * b + K * target_kv_bytes / bandwidth
+    plain step  = plain_fixed + plain_per_request * b + K * target_kv_bytes / bandwidth,
+                  plus plain_mode_extra on a server that speculates (the work around its plain step)
     spec step   = spec_fixed + spec_per_request * b + K * (target + (draft_steps + 1) * draft)
                   KV bytes / bandwidth
     prefill     = prefill_fixed + tokens * 2 * params / achieved_flops, times (1 + the draft's
@@ -94,6 +95,9 @@ class GpuCosts:
     achieved_tflops: float = 400.0
     prefill_fixed_ms: float = 3.0
     draft_prefill_share: float = 0.06
+    # GPU work a speculating server adds around each plain step (the batch rewritten into a
+    # one-token decode batch, the step's tokens and hidden states stashed for the catch-up).
+    plain_mode_extra_ms: float = 0.0
     catchup_fixed_ms: float = 1.5
     catchup_per_token_ms: float = 0.0008
     catchup_compile_ms: float = 0.0
@@ -139,10 +143,12 @@ COSTS = {"fa3": GpuCosts(),
          # (benchmark/results/2026-12-06-h100-dummy8b-triton-traffic-flashinfer-table-all-three,
          # speculative_cost / plain_cost in tri/results.json.xz: 12.9 / 16.7 / 23.3 / 31.4 ms at
          # 8 / 16 / 32 / 48 requests, plain 6.6-6.9); the replay at bucket 1 less its host terms; the prefill
-         # rate set so that plain serves the 40 req/s overload near the 18.1 req/s it served there.
+         # rate set so that plain serves the 40 req/s overload near the 18.1 req/s it served there;
+         # the work around a plain step as its GPU trace at 40 requests showed (45 us,
+         # benchmark/results/2026-12-06-h100-dummy8b-triton-plain-mode-cost).
          "h100-triton": GpuCosts(plain_fixed_ms=6.5, plain_per_request_ms=0.008, spec_fixed_ms=9.2,
                                  spec_per_request_ms=0.46, spec_replay_ms=7.3, bandwidth_gbps=3350.0,
-                                 achieved_tflops=470.0)}
+                                 achieved_tflops=470.0, plain_mode_extra_ms=0.045)}
 
 
 @dataclass(frozen=True)
@@ -415,7 +421,7 @@ def serve(client: Client, decide: Callable[[StepObservation], DecodeMode], costs
             out.speculative_steps += 1
         else:
             plain_run += 1
-            step_ms = jitter(costs.plain_ms(b, kv))
+            step_ms = jitter(costs.plain_ms(b, kv) + (costs.plain_mode_extra_ms if speculative_server else 0.0))
             for r in running:
                 r.emitted += 1
         now += step_ms
@@ -442,6 +448,12 @@ def dynamic_policy(costs: GpuCosts, shape: ServerShape, replay_scale: float = 1.
         "kv_capacity_tokens": shape.kv_capacity_tokens, "catchup_window": shape.catchup_window,
         "catchup_max_tokens": shape.catchup_max_tokens,
         "catchup_prior_fixed_ms": costs.spec_ms(1, 0), "max_acceptance": costs.draft_steps + 1.0})
+
+
+def held_plain(costs: GpuCosts, shape: ServerShape) -> SimpleNamespace:
+    """EAGLE3_DYNAMIC held in plain mode (as fixed thresholds of 1 and 0 hold it): what plain mode
+    costs on its own, the draft's prefill and the work around each plain step."""
+    return SimpleNamespace(decide=lambda obs: PLAIN)
 
 
 EAGLE3_MAX_RUNNING = 48  # sglang's cap on running requests for EAGLE-3 without a flag
@@ -543,6 +555,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--random-seed", type=int, default=0)
     parser.add_argument("--max-total-tokens", type=int, default=ServerShape.kv_capacity_tokens,
                         help="the KV pool in tokens, as the GPU run's --max-total-tokens")
+    parser.add_argument("--held-plain", action="store_true",
+                        help="EAGLE3_DYNAMIC held in plain mode instead of its policy (plain mode's own cost)")
     parser.add_argument("--catchup-compile-ms", type=float, default=0.0,
                         help="what a catch-up at a shape not seen before adds (compiling; ~25 on an H100)")
     args = parser.parse_args(argv)
@@ -572,7 +586,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         m = run_seeds(workload, costs_of(costs_name), acceptance, args.seeds,
                       shape=ServerShape(kv_capacity_tokens=args.max_total_tokens, acceptance_draws=args.draws,
                                         overlap=not args.disable_overlap_schedule),
-                      warmup=warmup)
+                      warmup=warmup, policy_factory=held_plain if args.held_plain else dynamic_policy)
         label = workload.name + (f" ~{acceptance} {costs_name}" if args.random else "")
         print(row(label, m), flush=True)
         p, e, d = m["plain"], m["eagle3"], m["dynamic"]
