@@ -216,17 +216,21 @@ def test_the_tool_prints_a_table(capsys) -> None:
 def test_the_tool_models_the_gpu_runs_kv_pool(monkeypatch) -> None:
     """``--max-total-tokens`` is the pool the modelled server has, as the GPU run's flag (a paired
     run's 40,000-token pools fill in a burst where 120,000 do not)."""
-    shapes = []
+    shapes, factories = [], []
 
-    def fake_run_seeds(workload, costs, acceptance, seeds, shape, warmup):
+    def fake_run_seeds(workload, costs, acceptance, seeds, shape, warmup, policy_factory):
         shapes.append(shape)
+        factories.append(policy_factory)
         return {name: {"tok_s": 1.0, "e2e_p50": 1.0} for name in ("plain", "eagle3", "dynamic")}
 
     monkeypatch.setattr(sm, "run_seeds", fake_run_seeds)
     monkeypatch.setattr(sm, "row", lambda label, m: "")
     assert sm.main(["--workloads", "poisson-4@3", "--max-total-tokens", "40000"]) == 0
-    assert sm.main(["--workloads", "poisson-4@3"]) == 0
+    assert sm.main(["--workloads", "poisson-4@3", "--held-plain"]) == 0
     assert [s.kv_capacity_tokens for s in shapes] == [40000, 120000]
+    # --held-plain: EAGLE3_DYNAMIC held in plain mode instead of its policy
+    assert factories == [sm.dynamic_policy, sm.held_plain]
+    assert sm.held_plain(sm.COSTS["fa3"], sm.ServerShape()).decide(None) is DecodeMode.PLAIN
 
 
 def test_a_catch_up_compiles_once_per_new_shape() -> None:
