@@ -135,6 +135,18 @@ def test_profiles_each_configuration_end_to_end_against_a_stand_in_server(tmp_pa
     assert not port_in_use(port)
 
 
+def traces_shifting(tmp_path, events, name, shifts):
+    """One trace file per configuration: ``events`` with those named ``name`` shifted by its
+    microseconds."""
+    paths = {}
+    for config, shift in shifts.items():
+        paths[config] = tmp_path / f"{config}.trace.json.gz"
+        with gzip.open(paths[config], "wt") as out:
+            json.dump({"traceEvents": [dict(e, ts=e["ts"] + shift) if e.get("name") == name else e
+                                       for e in events]}, out)
+    return paths
+
+
 def test_idle_before_counts_each_gap_once_by_the_event_that_ends_it(tmp_path):
     # gemm [0, 15) with overlap, idle 15 us before attention [30, 35), 5 us before the copy
     # (not above the 5 us floor), then 18 us before a second attention.
@@ -144,12 +156,7 @@ def test_idle_before_counts_each_gap_once_by_the_event_that_ends_it(tmp_path):
     nested = [kernel("gemm", 0, 50), kernel("copy", 10, 2), kernel("attention", 60, 5)]
     assert kernel_profile.idle_before(nested) == {"attention": (1, 10.0)}
     assert kernel_profile.idle_before(events, min_gap_us=1.0)["copy"] == (1, 5.0)
-    traces = {}
-    for config, shift in (("eagle3", 0), ("dynamic", 100)):
-        traces[config] = tmp_path / f"{config}.trace.json.gz"
-        late = [dict(e, ts=e["ts"] + shift) if e.get("name") == "attention" else e for e in events]
-        with gzip.open(traces[config], "wt") as out:
-            json.dump({"traceEvents": late}, out)
+    traces = traces_shifting(tmp_path, events, "attention", {"eagle3": 0, "dynamic": 100})
     table = kernel_profile.idle_markdown(traces)
     # Shifted by 100 us, dynamic's copy ends a 25 us gap and its attentions 88 and 25 us ones.
     assert "| `attention` | 2, 16, 0.0 | 2, 56, 0.1 |" in table
@@ -191,12 +198,7 @@ def test_decode_steps_pair_consecutive_replays_of_the_decode_graph_and_sum_what_
     eager = [host_call("cudaLaunchKernel", 7)] + [launched("layer", 400 + i, 1, 7) for i in range(9)]
     assert kernel_profile.decode_steps(events + eager, min_graph_kernels=3).graph_kernels == 4
     assert kernel_profile.decode_steps(events, min_graph_kernels=5).steps == 0
-    paths = {}
-    for config, late in (("plain", 0), ("dynamic", 30)):
-        paths[config] = tmp_path / f"{config}.trace.json.gz"
-        shifted = [dict(e, ts=e["ts"] + late) if e.get("name") == "triton" else e for e in events]
-        with gzip.open(paths[config], "wt") as out:
-            json.dump({"traceEvents": shifted}, out)
+    paths = traces_shifting(tmp_path, events, "triton", {"plain": 0, "dynamic": 30})
     with pytest.raises(SystemExit):
         kernel_profile.main(["--decode-steps"])
     assert "| consecutive steps | 0 | 0 |" in kernel_profile.main(["--decode-steps", *(

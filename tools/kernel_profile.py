@@ -108,6 +108,21 @@ def _short(name: str, width: int = 70) -> str:
     return name if len(name) <= width else name[: width - 3] + "..."
 
 
+def _rows_side_by_side(rows, values: Dict[str, object]) -> List[str]:
+    """One table line per (label, cell) with each configuration's cell of its value."""
+    return [f"| {label} | " + " | ".join(cell(value) for value in values.values()) + " |"
+            for label, cell in rows]
+
+
+def _summed_by_name(per_config: Iterable[Dict[str, float]]) -> Dict[str, float]:
+    """Microseconds by kernel name summed over the configurations (to rank the kernels)."""
+    totals: Dict[str, float] = defaultdict(float)
+    for by_name in per_config:
+        for name, us in by_name.items():
+            totals[name] += us
+    return totals
+
+
 def comparison_markdown(summaries: Dict[str, KernelSummary], top: int = 25) -> str:
     """Totals per prompt token and the ``top`` kernels by time, side by side."""
     configs = list(summaries)
@@ -122,12 +137,8 @@ def comparison_markdown(summaries: Dict[str, KernelSummary], top: int = 25) -> s
         ("GPU busy per prompt token (us)", lambda s: f"{s.per_token_us(s.busy_us):.3f}"),
         ("span per prompt token (us)", lambda s: f"{s.per_token_us(s.span_us):.3f}"),
     ]
-    for label, cell in rows:
-        lines.append(f"| {label} | " + " | ".join(cell(summaries[c]) for c in configs) + " |")
-    totals: Dict[str, float] = defaultdict(float)
-    for summary in summaries.values():
-        for name, us in summary.by_name_us.items():
-            totals[name] += us
+    lines += _rows_side_by_side(rows, summaries)
+    totals = _summed_by_name(summary.by_name_us for summary in summaries.values())
     names = sorted(totals, key=totals.get, reverse=True)[:top]
     lines += ["", f"Top {len(names)} kernels, GPU time per prompt token (us):", "",
               "| kernel | " + " | ".join(configs) + " |", "| --- |" + " --- |" * len(configs)]
@@ -242,12 +253,8 @@ def decode_steps_markdown(traces: Dict[str, Path], top: int = 10, min_graph_kern
             ("GPU busy between graphs (us)", lambda s: f"{s.between_busy_us:.0f}"),
             ("GPU idle between graphs (us)", lambda s: f"{s.between_idle_us:.0f}"),
             ("kernels between graphs", lambda s: f"{s.between_kernels:.1f}")]
-    for label, cell in rows:
-        lines.append(f"| {label} | " + " | ".join(cell(steps[c]) for c in configs) + " |")
-    totals: Dict[str, float] = defaultdict(float)
-    for s in steps.values():
-        for name, us in s.between_by_name_us.items():
-            totals[name] += us
+    lines += _rows_side_by_side(rows, steps)
+    totals = _summed_by_name(s.between_by_name_us for s in steps.values())
     for name in sorted(totals, key=totals.get, reverse=True)[:top]:
         lines.append(f"| `{_short(name)}` (us) | " + " | ".join(
             f"{steps[c].between_by_name_us.get(name, 0.0):.1f}" for c in configs) + " |")
