@@ -1,0 +1,49 @@
+"""tools/paired_requests.py: first tokens of two configurations compared request by request."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+import paired_requests  # noqa: E402
+from sweeplib.results import READABLE_SCHEMAS  # noqa: E402  (on the path through the tool)
+
+
+def run(config: str, round_index: int, ttfts_ms, ok=None, workload: str = "poisson-10@20") -> dict:
+    ok = ok or [True] * len(ttfts_ms)
+    return {"config": config, "workload": workload, "round": round_index,
+            "segments": [{"requests": {"ok": ok[:2], "ttft_s": [t / 1000 for t in ttfts_ms[:2]]}},
+                         {"requests": {"ok": ok[2:], "ttft_s": [t / 1000 for t in ttfts_ms[2:]]}}]}
+
+
+PLAIN = [30, 30, 30, 30, 30, 30, 30, 30]
+# Requests 2 and 4 slowed together (one event: a gap of one request is joined), 7 alone; 5 at
+# 1.9x is below the factor.
+DYNAMIC = [31, 32, 90, 33, 100, 57, 31, 61]
+
+
+def test_clusters_join_neighbours_and_leave_out_requests_below_the_factor() -> None:
+    assert paired_requests.slow_clusters(PLAIN, DYNAMIC, 2.0) == [
+        [(2, 90, 30), (4, 100, 30)], [(7, 61, 30)]]
+    assert paired_requests.slow_clusters(PLAIN, DYNAMIC, 1.9) == [
+        [(2, 90, 30), (4, 100, 30), (5, 57, 30), (7, 61, 30)]]
+    # a failed request (None) is never slow
+    assert paired_requests.slow_clusters(PLAIN, [None] * 8, 2.0) == []
+
+
+def test_the_report_pairs_rounds_and_refuses_runs_of_other_requests(tmp_path, capsys) -> None:
+    document = {"schema_version": sorted(READABLE_SCHEMAS)[-1], "runs": [
+        run("plain", 0, PLAIN), run("dynamic", 0, DYNAMIC),
+        run("plain", 1, PLAIN), run("dynamic", 1, DYNAMIC[:6]),
+        run("plain", 0, [10, 10, 10], workload="closed-4")]}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(document))
+    assert paired_requests.main([str(path), "plain", "dynamic"]) == 0
+    out = capsys.readouterr().out
+    assert "closed-4" not in out  # dynamic never ran it
+    assert ("round 0: median ratio 1.500 over 8 requests; 2x or slower (dynamic / plain): "
+            "2: 90 / 30, 4: 100 / 30; 7: 61 / 30") in out
+    assert "round 1: 8 against 6 requests, not the same requests" in out

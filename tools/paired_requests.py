@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""First tokens of two configurations compared request by request, in runs that sent both the
+same requests (``benchmark/run.py`` rounds: one seed per round, so request i of a round is the
+same prompt and arrival for both). A ratio of medians or of p99s mixes requests; this gives each
+request's own ratio, and lists the requests where the second configuration was slower by
+``--factor`` or more, with their neighbours grouped: a cluster of consecutive arrivals slowed
+together points at one event on that server (a pause, a compile), one request at its own work.
+
+    python3 tools/paired_requests.py benchmark/results/<folder>/pin/results.json.xz plain dynamic [--workload poisson-10@20] [--factor 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+
+from sweeplib.results import load_results  # noqa: E402
+
+
+def ttfts_by_round(document: dict, config: str, workload: str) -> Dict[int, List[float]]:
+    """Milliseconds to the first token of each request (None where it failed), per round."""
+    out = {}
+    for run in document["runs"]:
+        if run["config"] == config and run["workload"] == workload and run.get("segments"):
+            out[run["round"]] = [1000 * t if ok else None for s in run["segments"]
+                                 for ok, t in zip(s["requests"]["ok"], s["requests"]["ttft_s"])]
+    return out
+
+
+def slow_clusters(first: Sequence[float], other: Sequence[float], factor: float
+                  ) -> List[List[Tuple[int, float, float]]]:
+    """Runs of request indices (gaps of at most 2 joined) where ``other`` took ``factor`` times
+    ``first`` or more: [(index, other ms, first ms), ...] per cluster."""
+    slow = [i for i, (a, b) in enumerate(zip(first, other)) if a and b and b >= factor * a]
+    clusters: List[List[Tuple[int, float, float]]] = []
+    for i in slow:
+        if clusters and i - clusters[-1][-1][0] <= 2:
+            clusters[-1].append((i, other[i], first[i]))
+        else:
+            clusters.append([(i, other[i], first[i])])
+    return clusters
+
+
+def report(document: dict, first: str, other: str, workload: str, factor: float) -> str:
+    a, b = ttfts_by_round(document, first, workload), ttfts_by_round(document, other, workload)
+    lines = [f"{other} over {first}, {workload}, request by request (TTFT ms):", ""]
+    for round_index in sorted(set(a) & set(b)):
+        x, y = a[round_index], b[round_index]
+        if len(x) != len(y):
+            lines.append(f"round {round_index}: {len(x)} against {len(y)} requests, not the same requests")
+            continue
+        ratios = [q / p for p, q in zip(x, y) if p and q]
+        clusters = slow_clusters(x, y, factor)
+        text = "; ".join(", ".join(f"{i}: {q:.0f} / {p:.0f}" for i, q, p in c) for c in clusters) or "none"
+        lines.append(f"round {round_index}: median ratio {statistics.median(ratios):.3f} over {len(ratios)} "
+                     f"requests; {factor:g}x or slower ({other} / {first}): {text}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("first")
+    parser.add_argument("other")
+    parser.add_argument("--workload", default=None, help="default: every workload both ran")
+    parser.add_argument("--factor", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    document = load_results(args.results)
+    workloads = [args.workload] if args.workload else sorted(
+        {r["workload"] for r in document["runs"] if r["config"] == args.first}
+        & {r["workload"] for r in document["runs"] if r["config"] == args.other})
+    for workload in workloads:
+        print(report(document, args.first, args.other, workload, args.factor))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
