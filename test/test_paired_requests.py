@@ -30,6 +30,9 @@ def test_clusters_join_neighbours_and_leave_out_requests_below_the_factor() -> N
         [(2, 90, 30), (4, 100, 30)], [(7, 61, 30)]]
     assert paired_requests.slow_clusters(PLAIN, DYNAMIC, 1.9) == [
         [(2, 90, 30), (4, 100, 30), (5, 57, 30), (7, 61, 30)]]
+    # a long cluster is shown by its first requests and its span
+    long = paired_requests.slow_clusters([10] * 9, [30] * 9, 2.0)
+    assert paired_requests._cluster_text(long[0]) == "0: 30 / 10, 1: 30 / 10, 2: 30 / 10, 3: 30 / 10 ... 9 requests to 8"
     # a failed request (None) is never slow
     assert paired_requests.slow_clusters(PLAIN, [None] * 8, 2.0) == []
 
@@ -44,6 +47,6 @@ def test_the_report_pairs_rounds_and_refuses_runs_of_other_requests(tmp_path, ca
     assert paired_requests.main([str(path), "plain", "dynamic"]) == 0
     out = capsys.readouterr().out
     assert "closed-4" not in out  # dynamic never ran it
-    assert ("round 0: median ratio 1.500 over 8 requests; 2x or slower (dynamic / plain): "
+    assert ("round 0: median ratio 1.500 over 8 requests; 3 2x or slower (dynamic / plain): "
             "2: 90 / 30, 4: 100 / 30; 7: 61 / 30") in out
     assert "round 1: 8 against 6 requests, not the same requests" in out

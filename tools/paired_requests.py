@@ -22,6 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
 from sweeplib.results import load_results  # noqa: E402
 
 
+LISTED = 8  # clusters listed per round
+
+
 def ttfts_by_round(document: dict, config: str, workload: str) -> Dict[int, List[float]]:
     """Milliseconds to the first token of each request (None where it failed), per round."""
     out = {}
@@ -46,6 +49,14 @@ def slow_clusters(first: Sequence[float], other: Sequence[float], factor: float
     return clusters
 
 
+def _cluster_text(cluster: List[Tuple[int, float, float]], shown: int = 4) -> str:
+    """A cluster's requests (index: other ms / first ms); a long one's first few and its span."""
+    text = ", ".join(f"{i}: {q:.0f} / {p:.0f}" for i, q, p in cluster[:shown])
+    if len(cluster) > shown:
+        text += f" ... {len(cluster)} requests to {cluster[-1][0]}"
+    return text
+
+
 def report(document: dict, first: str, other: str, workload: str, factor: float) -> str:
     a, b = ttfts_by_round(document, first, workload), ttfts_by_round(document, other, workload)
     lines = [f"{other} over {first}, {workload}, request by request (TTFT ms):", ""]
@@ -56,9 +67,11 @@ def report(document: dict, first: str, other: str, workload: str, factor: float)
             continue
         ratios = [q / p for p, q in zip(x, y) if p and q]
         clusters = slow_clusters(x, y, factor)
-        text = "; ".join(", ".join(f"{i}: {q:.0f} / {p:.0f}" for i, q, p in c) for c in clusters) or "none"
+        slow = sum(len(c) for c in clusters)
+        text = "; ".join(map(_cluster_text, clusters[:LISTED])) or "none"
+        more = f"; {len(clusters) - LISTED} more clusters" if len(clusters) > LISTED else ""
         lines.append(f"round {round_index}: median ratio {statistics.median(ratios):.3f} over {len(ratios)} "
-                     f"requests; {factor:g}x or slower ({other} / {first}): {text}")
+                     f"requests; {slow} {factor:g}x or slower ({other} / {first}): {text}{more}")
     return "\n".join(lines) + "\n"
 
 
