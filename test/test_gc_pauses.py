@@ -39,10 +39,11 @@ def test_installed_it_sees_the_interpreters_collections_and_uninstalled_it_does_
         gc.collect(2)
         gc.collect(0)
         report = pauses.report()
-        assert report["gc_gen2_collections"] == 1 and report["gc_young_collections"] >= 1
+        assert report["gc_gen2_collections"] >= 1 and report["gc_young_collections"] >= 1
         assert report["gc_longest_pause_ms"] > 0.0
     finally:
         pauses.uninstall()
     assert pauses not in gc.callbacks
+    counted = pauses.report()["gc_gen2_collections"]
     gc.collect(2)
-    assert pauses.report()["gc_gen2_collections"] == 1
+    assert pauses.report()["gc_gen2_collections"] == counted

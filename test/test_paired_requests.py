@@ -50,3 +50,16 @@ def test_the_report_pairs_rounds_and_refuses_runs_of_other_requests(tmp_path, ca
     assert ("round 0: median ratio 1.500 over 8 requests; 3 2x or slower (dynamic / plain): "
             "2: 90 / 30, 4: 100 / 30; 7: 61 / 30") in out
     assert "round 1: 8 against 6 requests, not the same requests" in out
+
+
+def test_a_round_run_twice_is_refused_and_a_round_without_answers_said_so(tmp_path, capsys) -> None:
+    twice = {"runs": [run("plain", 0, PLAIN), run("plain", 0, PLAIN)]}
+    try:
+        paired_requests.ttfts_by_round(twice, "plain", "poisson-10@20")
+    except ValueError as error:
+        assert "two runs of round 0" in str(error)
+    else:
+        raise AssertionError("two runs of one round were taken")
+    failed = {"runs": [run("plain", 0, PLAIN), run("dynamic", 0, DYNAMIC, ok=[False] * 8)]}
+    assert "round 0: no request answered by both" in paired_requests.report(
+        failed, "plain", "dynamic", "poisson-10@20", 2.0)

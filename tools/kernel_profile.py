@@ -206,7 +206,9 @@ def decode_steps(events: Sequence[dict], min_graph_kernels: int = 100) -> Decode
     """The decode steps of one trace: GPU events are matched to the host call that launched
     them by their ``correlation``; a graph replay is the events of one ``cudaGraphLaunch``.
     Only pairs of consecutive replays of the most frequent graph with at least
-    ``min_graph_kernels`` kernels count, so prefills and other graphs between them do not."""
+    ``min_graph_kernels`` kernels count, so a prefill run as CUDA graphs breaks the pair; an eager
+    prefill between two decode graphs would count as work between them (in the traces this was
+    written for, prefills ran as graphs). Work between graphs is clipped to the gap."""
     launches = {e["args"]["correlation"]: e["name"] for e in events
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     gpu = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_EVENT_CATEGORIES),
@@ -229,7 +231,7 @@ def decode_steps(events: Sequence[dict], min_graph_kernels: int = 100) -> Decode
         result.steps += 1
         result.period_us += next_start - start
         result.graph_span_us += end - start
-        result.between_busy_us += union_length([(e["ts"], e["ts"] + e["dur"]) for e in between])
+        result.between_busy_us += union_length([(e["ts"], min(e["ts"] + e["dur"], next_start)) for e in between])
         result.between_kernels += len(between)
         for e in between:
             by_name[e["name"]] += e["dur"]

@@ -30,6 +30,8 @@ def ttfts_by_round(document: dict, config: str, workload: str) -> Dict[int, List
     out = {}
     for run in document["runs"]:
         if run["config"] == config and run["workload"] == workload and run.get("segments"):
+            if run["round"] in out:
+                raise ValueError(f"{config} {workload}: two runs of round {run['round']}")
             out[run["round"]] = [1000 * t if ok else None for s in run["segments"]
                                  for ok, t in zip(s["requests"]["ok"], s["requests"]["ttft_s"])]
     return out
@@ -37,8 +39,8 @@ def ttfts_by_round(document: dict, config: str, workload: str) -> Dict[int, List
 
 def slow_clusters(first: Sequence[float], other: Sequence[float], factor: float
                   ) -> List[List[Tuple[int, float, float]]]:
-    """Runs of request indices (gaps of at most 2 joined) where ``other`` took ``factor`` times
-    ``first`` or more: [(index, other ms, first ms), ...] per cluster."""
+    """Runs of request indices where ``other`` took ``factor`` times ``first`` or more, two such
+    requests with one other between them joined: [(index, other ms, first ms), ...] per cluster."""
     slow = [i for i, (a, b) in enumerate(zip(first, other)) if a and b and b >= factor * a]
     clusters: List[List[Tuple[int, float, float]]] = []
     for i in slow:
@@ -66,6 +68,9 @@ def report(document: dict, first: str, other: str, workload: str, factor: float)
             lines.append(f"round {round_index}: {len(x)} against {len(y)} requests, not the same requests")
             continue
         ratios = [q / p for p, q in zip(x, y) if p and q]
+        if not ratios:
+            lines.append(f"round {round_index}: no request answered by both")
+            continue
         clusters = slow_clusters(x, y, factor)
         slow = sum(len(c) for c in clusters)
         text = "; ".join(map(_cluster_text, clusters[:LISTED])) or "none"

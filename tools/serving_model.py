@@ -144,8 +144,8 @@ COSTS = {"fa3": GpuCosts(),
          # speculative_cost / plain_cost in tri/results.json.xz: 12.9 / 16.7 / 23.3 / 31.4 ms at
          # 8 / 16 / 32 / 48 requests, plain 6.6-6.9); the replay at bucket 1 less its host terms; the prefill
          # rate set so that plain serves the 40 req/s overload near the 18.1 req/s it served there;
-         # the work around a plain step as its GPU trace at 40 requests showed (45 us,
-         # benchmark/results/2026-12-06-h100-dummy8b-triton-plain-mode-cost).
+         # the work around a plain step as its GPU trace at 40 requests showed (45 us: 27 of
+         # kernels, 18 of GPU idle; benchmark/results/2026-12-06-h100-dummy8b-triton-plain-mode-cost).
          "h100-triton": GpuCosts(plain_fixed_ms=6.5, plain_per_request_ms=0.008, spec_fixed_ms=9.2,
                                  spec_per_request_ms=0.46, spec_replay_ms=7.3, bandwidth_gbps=3350.0,
                                  achieved_tflops=470.0, plain_mode_extra_ms=0.045)}
