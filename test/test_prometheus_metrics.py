@@ -77,10 +77,7 @@ def test_prefill_timings_are_exported_as_they_grow() -> None:
 
 
 def test_every_exported_counter_is_in_the_snapshot() -> None:
-    from sglang_dynamic_eagle.observability.gc_pauses import GcPauses
-
-    assert set(COUNTERS) <= (set(ModeCounters().snapshot()) | set(PrefillTimer().report())
-                             | set(GcPauses().report()))
+    assert set(COUNTERS) <= set(ModeCounters().snapshot()) | set(PrefillTimer().report())
 
 
 def _throughput_policy():
@@ -112,7 +109,6 @@ def _worker_report(policy) -> dict:
     from sglang_dynamic_eagle.engine.observations import PolicyFeed, RequestAcceptance
     from sglang_dynamic_eagle.engine.plain_decode_graphs import PlainDecodeGraphs
     from sglang_dynamic_eagle.engine.worker import DynamicEagleWorker
-    from sglang_dynamic_eagle.observability.gc_pauses import GcPauses
 
     worker = object.__new__(DynamicEagleWorker)
     worker.counters = counters_after([(DecodeMode.SPECULATIVE, 2), (DecodeMode.PLAIN, 8)])
@@ -126,7 +122,6 @@ def _worker_report(policy) -> dict:
     worker._plain_graphs.capture_gib = 0.5
     worker.request_acceptance = RequestAcceptance()
     worker.prefill_timer = PrefillTimer()
-    worker.gc_pauses = GcPauses()
     return worker.report()
 
 

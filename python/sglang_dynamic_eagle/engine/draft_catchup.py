@@ -180,14 +180,9 @@ class DraftCatchup:
         catch-up) on, so a slot's entries are its consecutive latest positions."""
         first = self._written
         count = len(req_pool_indices_cpu)
-        start = first % self.ring_size
-        if start + count <= self.ring_size:  # one contiguous run: two copies (casting as they go)
-            self._tokens[start:start + count].copy_(input_ids)
-            self._hidden[start:start + count].copy_(aux_hidden_states)
-        else:  # across the ring's end: scatters
-            ring = (self._batch_offsets[:count] + first) % self.ring_size
-            self._tokens[ring] = input_ids.to(torch.int64)
-            self._hidden[ring] = aux_hidden_states.to(self._hidden.dtype)
+        ring = (self._batch_offsets[:count] + first) % self.ring_size
+        self._tokens[ring] = input_ids.to(torch.int64)
+        self._hidden[ring] = aux_hidden_states.to(self._hidden.dtype)
         for entry, index in enumerate(req_pool_indices_cpu, start=first):
             self._missed[index] += 1
             self._entries[index].append(entry)

@@ -37,7 +37,6 @@ from sglang_dynamic_eagle.engine.plain_step import PlainDecodeStep
 from sglang_dynamic_eagle.engine.startup import build_decode_parts
 from sglang_dynamic_eagle.engine.step_costs import TimingFeed
 from sglang_dynamic_eagle.observability.counters import ModeCounters
-from sglang_dynamic_eagle.observability.gc_pauses import GcPauses
 from sglang_dynamic_eagle.observability.prefill_timing import PrefillTimer
 from sglang_dynamic_eagle.observability.prometheus_metrics import MetricsExport
 from sglang_dynamic_eagle.policy import DecodeMode, DecodePolicy, ReportValue, StepObservation
@@ -55,7 +54,6 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self.request_acceptance = RequestAcceptance()
         self.metrics_export = MetricsExport()  # used with --enable-metrics
         self.prefill_timer = PrefillTimer()
-        self.gc_pauses = GcPauses()  # installed once the server is built (init_cuda_graphs)
         self.queued = 0  # requests waiting to be admitted; set by the scheduler hook
         # The decision made when the scheduler chose the batch: (batch, its size, view, mode).
         self._selected: Optional[Tuple[ScheduleBatch, int, StepObservation, DecodeMode]] = None
@@ -76,7 +74,6 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self._policy, self._feed, self._timings = parts.policy, parts.feed, parts.timings
         self.prefill_timer.sink = getattr(self._feed, "prefill", None)  # traced servers only
         self.prefill_timer.key_sink = self._timings.prefill_timed
-        self.gc_pauses.install()
 
     # -- scheduler-facing overrides ---------------------------------------
 
@@ -229,7 +226,6 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             **self._plain_graphs.report(),
             "acceptance_mismatched_results": self.request_acceptance.mismatched,
             **self.prefill_timer.report(),
-            **self.gc_pauses.report(),
         }
 
 

@@ -38,9 +38,6 @@ COUNTERS: Dict[str, str] = {
     "that waits for the previous verify can leave the GPU idle for.",
     "host_speculative_step_ms": "Host milliseconds inside speculative steps (launches, catch-ups).",
     "host_plain_step_ms": "Host milliseconds inside plain steps (launches).",
-    "gc_gen2_collections": "Python garbage collections of the oldest generation in the scheduler "
-    "process (each pauses the scheduler).",
-    "gc_gen2_pause_ms": "Milliseconds the scheduler process spent in those collections.",
 }
 
 # Report key -> help text; exported as Prometheus gauges `<prefix><key>` (0 where not reported).
@@ -49,7 +46,6 @@ GAUGES: Dict[str, str] = {
     "(plain steps excluded).",
     "acceptance_estimate": "Server-wide acceptance length the automatic policy decides with: the "
     "recent mean shrunk towards the long-run mean and the full acceptance.",
-    "gc_longest_pause_ms": "Longest Python garbage-collection pause of the scheduler process.",
     "crossover_batch": "Largest batch size at which speculation pays, from the measured step "
     "costs and the acceptance estimate (0: nowhere).",
 }
