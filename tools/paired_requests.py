@@ -5,6 +5,9 @@ same prompt and arrival for both). A ratio of medians or of p99s mixes requests;
 request's own ratio, and lists the requests where the second configuration was slower by
 ``--factor`` or more, with their neighbours grouped: a cluster of consecutive arrivals slowed
 together points at one event on that server (a pause, a compile), one request at its own work.
+Then, pooled over the rounds, the ratios of the median and p99 TTFT with a 90% interval from a
+moving-block bootstrap over the paired requests (blocks of ``BLOCK`` consecutive arrivals, so a
+cluster stays one draw): how far a p99 of a few hundred requests can be trusted.
 
     python3 tools/paired_requests.py benchmark/results/<folder>/pin/results.json.xz plain dynamic [--workload poisson-10@20] [--factor 2]
 """
@@ -12,6 +15,8 @@ together points at one event on that server (a pause, a compile), one request at
 from __future__ import annotations
 
 import argparse
+import math
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -19,10 +24,13 @@ from typing import Dict, List, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
 
+from sweeplib.bench import percentile  # noqa: E402
 from sweeplib.results import load_results  # noqa: E402
 
 
 LISTED = 8  # clusters listed per round
+BLOCK = 10  # consecutive arrivals resampled together: at 10 req/s, a second of traffic
+DRAWS = 2000
 
 
 def ttfts_by_round(document: dict, config: str, workload: str) -> Dict[int, List[float]]:
@@ -51,6 +59,33 @@ def slow_clusters(first: Sequence[float], other: Sequence[float], factor: float
     return clusters
 
 
+def paired_rounds(a: Dict[int, List[float]], b: Dict[int, List[float]]) -> List[List[Tuple[float, float]]]:
+    """Per round both answered (same requests), the (first, other) TTFTs of requests both answered."""
+    return [[(p, q) for p, q in zip(a[r], b[r]) if p and q]
+            for r in sorted(set(a) & set(b)) if len(a[r]) == len(b[r])]
+
+
+def ratio_interval(rounds: List[List[Tuple[float, float]]], q: float, draws: int = DRAWS,
+                   block: int = BLOCK, seed: int = 0) -> Tuple[float, float, float]:
+    """The pooled ratio of the ``q``-th percentiles (other over first) and its 5-95% interval
+    from a moving-block bootstrap: each round's pairs redrawn in blocks of ``block`` consecutive
+    requests (a clustered slowdown is one draw, not several independent ones)."""
+    def ratio(pairs: List[Tuple[float, float]]) -> float:
+        return percentile([y for _, y in pairs], q) / percentile([x for x, _ in pairs], q)
+
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(draws):
+        pooled: List[Tuple[float, float]] = []
+        for pairs in rounds:
+            n, width = len(pairs), min(block, len(pairs))
+            drawn = [pairs[s + k] for _ in range(math.ceil(n / width))
+                     for s in [rng.randrange(n - width + 1)] for k in range(width)]
+            pooled += drawn[:n]
+        samples.append(ratio(pooled))
+    return ratio([pair for pairs in rounds for pair in pairs]), percentile(samples, 5), percentile(samples, 95)
+
+
 def _cluster_text(cluster: List[Tuple[int, float, float]], shown: int = 4) -> str:
     """A cluster's requests (index: other ms / first ms); a long one's first few and its span."""
     text = ", ".join(f"{i}: {q:.0f} / {p:.0f}" for i, q, p in cluster[:shown])
@@ -77,6 +112,12 @@ def report(document: dict, first: str, other: str, workload: str, factor: float)
         more = f"; {len(clusters) - LISTED} more clusters" if len(clusters) > LISTED else ""
         lines.append(f"round {round_index}: median ratio {statistics.median(ratios):.3f} over {len(ratios)} "
                      f"requests; {slow} {factor:g}x or slower ({other} / {first}): {text}{more}")
+    rounds = [pairs for pairs in paired_rounds(a, b) if pairs]
+    if rounds:
+        text = "; ".join("{} {:.3f} [{:.3f}, {:.3f}]".format(name, *ratio_interval(rounds, q))
+                         for name, q in (("p50", 50), ("p99", 99)))
+        lines += ["", f"pooled over {len(rounds)} round(s), {sum(map(len, rounds))} requests, TTFT ratio "
+                  f"({other} / {first}) with a 90% block-bootstrap interval: {text}"]
     return "\n".join(lines) + "\n"
 
 
