@@ -63,3 +63,40 @@ def test_a_round_run_twice_is_refused_and_a_round_without_answers_said_so(tmp_pa
     failed = {"runs": [run("plain", 0, PLAIN), run("dynamic", 0, DYNAMIC, ok=[False] * 8)]}
     assert "round 0: no request answered by both" in paired_requests.report(
         failed, "plain", "dynamic", "poisson-10@20", 2.0)
+
+
+def test_pooled_ratios_and_their_block_bootstrap_interval() -> None:
+    first = [[30.0 + i % 7 for i in range(100)], [40.0 + i % 5 for i in range(100)]]
+    # a constant ratio is its own interval
+    rounds = [[(x, 1.5 * x) for x in r] for r in first]
+    assert paired_requests.ratio_interval(rounds, 99, draws=200) == (1.5, 1.5, 1.5)
+    # one cluster of five slow consecutive requests in the second configuration: the p99
+    # ratio's interval is wide and holds the point; the median barely moves
+    slowed = [[(x, 3 * x if r == 0 and 40 <= i < 45 else x) for i, x in enumerate(xs)]
+              for r, xs in enumerate(first)]
+    point, low, high = paired_requests.ratio_interval(slowed, 99, draws=400)
+    assert low < point <= high and high / low > 1.5
+    assert paired_requests.ratio_interval(slowed, 50, draws=400)[0] < 1.06
+    # deterministic for a seed
+    assert paired_requests.ratio_interval(slowed, 99, draws=50, seed=3) == paired_requests.ratio_interval(
+        slowed, 99, draws=50, seed=3)
+
+
+def test_blocks_keep_a_cluster_together() -> None:
+    # A cluster of 10 slow requests among 200: drawn in blocks of 10 it is often missed or taken
+    # whole, so p99's interval reaches down to 1 (no slow request); drawn one request at a time
+    # (block 1) nearly every draw holds about 10 slow requests and the interval stays high.
+    rounds = [[(10.0, 50.0 if 100 <= i < 110 else 10.0) for i in range(200)]]
+    assert paired_requests.ratio_interval(rounds, 99, draws=400)[1] == 1.0
+    assert paired_requests.ratio_interval(rounds, 99, draws=400, block=1)[1] > 1.0
+
+
+def test_the_report_ends_with_the_pooled_ratios(tmp_path, capsys) -> None:
+    document = {"schema_version": sorted(READABLE_SCHEMAS)[-1], "runs": [
+        run("plain", 0, PLAIN), run("dynamic", 0, DYNAMIC), run("plain", 1, PLAIN),
+        run("dynamic", 1, DYNAMIC, ok=[i != 3 for i in range(8)])]}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(document))
+    assert paired_requests.main([str(path), "plain", "dynamic"]) == 0
+    out = capsys.readouterr().out
+    assert "pooled over 2 round(s), 15 requests, TTFT ratio (dynamic / plain)" in out
