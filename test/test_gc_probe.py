@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "gc_probe"))
 
-import summarise  # noqa: E402
+import gc_runs  # noqa: E402
 
 
 def test_the_probe_records_a_full_collection_of_a_process_that_runs_with_it(tmp_path) -> None:
@@ -39,7 +39,7 @@ def test_collections_are_placed_in_the_runs_they_ended_in(tmp_path) -> None:
         {"config": "dynamic", "workload": "w", "round": 1, "started_at": None, "ended_at": None}]}
     path = tmp_path / "results.json"
     path.write_text(json.dumps(document))
-    text = summarise.report(json.loads(path.read_text()), summarise.read_probe(tmp_path), 2.0)
+    text = gc_runs.report(json.loads(path.read_text()), gc_runs.read_probe(tmp_path), 2.0)
     assert "plain w round 0: pid 7 gen 1 3.0 ms at +0.5 s\n" in text
     assert "dynamic w round 0: pid 7 gen 2 60.0 ms at +1.0 s\n" in text
     assert "outside the runs: 1 (longest 400 ms)" in text

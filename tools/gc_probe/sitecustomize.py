@@ -9,7 +9,7 @@ of generation 2, and per collection of any generation over ``SLOW_MS``, to
     objects tracked in generation 2 after it (-1 for younger generations), frozen objects, argv
 
 With the benchmark: ``--server-env PYTHONPATH=$PWD/tools/gc_probe:$PYTHONPATH --server-env
-GCPROBE_DIR=DIR``; ``summarise.py`` lists what fell inside the measured runs. sglang's own
+GCPROBE_DIR=DIR``; ``gc_runs.py`` lists what fell inside the measured runs. sglang's own
 ``SGLANG_LOG_GC=1`` logs every collection of the scheduler only.
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The garbage collections a probed server ran during a benchmark's measured runs.
 
-    python3 tools/gc_probe/summarise.py RESULTS GCPROBE_DIR [--min-ms 2]
+    python3 tools/gc_probe/gc_runs.py RESULTS GCPROBE_DIR [--min-ms 2]
 
 RESULTS is ``benchmark/run.py``'s results.json(.xz), whose runs carry their start and end; the
 probe's files (``sitecustomize.py``) carry each collection's end. Prints, per run, the
