@@ -100,3 +100,32 @@ def test_the_report_ends_with_the_pooled_ratios(tmp_path, capsys) -> None:
     assert paired_requests.main([str(path), "plain", "dynamic"]) == 0
     out = capsys.readouterr().out
     assert "pooled over 2 round(s), 15 requests, TTFT ratio (dynamic / plain)" in out
+
+
+def test_the_interval_is_the_bootstraps_5th_and_95th_percentiles() -> None:
+    rounds = [[(30.0 + (i * 31) % 17 + i / 100, 30.0 + (i * 7919) % 23 + i / 70) for i in range(120)]]
+    samples = paired_requests.bootstrap_ratios(rounds, 50, draws=300, seed=5)
+    _, low, high = paired_requests.ratio_interval(rounds, 50, draws=300, seed=5)
+    assert (low, high) == (paired_requests.percentile(samples, 5), paired_requests.percentile(samples, 95))
+    # the samples spread: a 2.5-97.5% interval would differ
+    assert paired_requests.percentile(samples, 2.5) < low < high < paired_requests.percentile(samples, 97.5)
+
+
+def test_each_round_is_resampled_on_its_own() -> None:
+    # Round A: the same time in both; round B: three times as long in the second. Redrawn round
+    # by round every resample holds 20 of each, so the pooled median ratio is 2 in every draw;
+    # redrawn from the merged rounds it would swing between 1 and 3.
+    rounds = [[(10.0, 10.0)] * 20, [(10.0, 30.0)] * 20]
+    assert paired_requests.ratio_interval(rounds, 50, draws=300) == (2.0, 2.0, 2.0)
+
+
+def test_a_request_at_a_rounds_end_is_drawn_as_often_as_one_in_its_middle() -> None:
+    # With q = 100 a resample's ratio exceeds 1 exactly when it holds the one slow request.
+    def share_holding(slow: int) -> float:
+        rounds = [[(10.0, 50.0 if i == slow else 10.0) for i in range(100)]]
+        samples = paired_requests.bootstrap_ratios(rounds, 100, draws=1000, seed=1)
+        return sum(ratio > 1 for ratio in samples) / len(samples)
+
+    middle, end = share_holding(50), share_holding(99)
+    assert 0.55 < middle < 0.75  # 1 - (1 - 10/100) ** 10 = 0.65
+    assert abs(end - middle) < 0.08

@@ -5,9 +5,9 @@ same prompt and arrival for both). A ratio of medians or of p99s mixes requests;
 request's own ratio, and lists the requests where the second configuration was slower by
 ``--factor`` or more, with their neighbours grouped: a cluster of consecutive arrivals slowed
 together points at one event on that server (a pause, a compile), one request at its own work.
-Then, pooled over the rounds, the ratios of the median and p99 TTFT with a 90% interval from a
-moving-block bootstrap over the paired requests (blocks of ``BLOCK`` consecutive arrivals, so a
-cluster stays one draw): how far a p99 of a few hundred requests can be trusted.
+Then, pooled over the rounds, the ratios of the median and p99 TTFT with a rough 90% interval
+from a circular block bootstrap over the paired requests (blocks of ``BLOCK`` consecutive
+arrivals, so a cluster stays one draw): how far a p99 of a few hundred requests can be trusted.
 
     python3 tools/paired_requests.py benchmark/results/<folder>/pin/results.json.xz plain dynamic [--workload poisson-10@20] [--factor 2]
 """
@@ -60,30 +60,43 @@ def slow_clusters(first: Sequence[float], other: Sequence[float], factor: float
 
 
 def paired_rounds(a: Dict[int, List[float]], b: Dict[int, List[float]]) -> List[List[Tuple[float, float]]]:
-    """Per round both answered (same requests), the (first, other) TTFTs of requests both answered."""
-    return [[(p, q) for p, q in zip(a[r], b[r]) if p and q]
-            for r in sorted(set(a) & set(b)) if len(a[r]) == len(b[r])]
+    """Per round both answered (same requests), the (first, other) TTFTs of requests both
+    answered; rounds with none left out."""
+    rounds = [[(p, q) for p, q in zip(a[r], b[r]) if p is not None and q is not None]
+              for r in sorted(set(a) & set(b)) if len(a[r]) == len(b[r])]
+    return [pairs for pairs in rounds if pairs]
 
 
-def ratio_interval(rounds: List[List[Tuple[float, float]]], q: float, draws: int = DRAWS,
-                   block: int = BLOCK, seed: int = 0) -> Tuple[float, float, float]:
-    """The pooled ratio of the ``q``-th percentiles (other over first) and its 5-95% interval
-    from a moving-block bootstrap: each round's pairs redrawn in blocks of ``block`` consecutive
-    requests (a clustered slowdown is one draw, not several independent ones)."""
-    def ratio(pairs: List[Tuple[float, float]]) -> float:
-        return percentile([y for _, y in pairs], q) / percentile([x for x, _ in pairs], q)
+def percentile_ratio(pairs: List[Tuple[float, float]], q: float) -> float:
+    """The ``q``-th percentile of the other configuration's TTFTs over the first's."""
+    return percentile([y for _, y in pairs], q) / percentile([x for x, _ in pairs], q)
 
+
+def bootstrap_ratios(rounds: List[List[Tuple[float, float]]], q: float, draws: int = DRAWS,
+                     block: int = BLOCK, seed: int = 0) -> List[float]:
+    """``percentile_ratio`` of ``draws`` resamples: each round's pairs redrawn, round by round,
+    in blocks of ``block`` consecutive requests wrapping around the round's end (a circular
+    block bootstrap: every request equally likely, a clustered slowdown one draw)."""
     rng = random.Random(seed)
     samples = []
     for _ in range(draws):
         pooled: List[Tuple[float, float]] = []
         for pairs in rounds:
-            n, width = len(pairs), min(block, len(pairs))
-            drawn = [pairs[s + k] for _ in range(math.ceil(n / width))
-                     for s in [rng.randrange(n - width + 1)] for k in range(width)]
-            pooled += drawn[:n]
-        samples.append(ratio(pooled))
-    return ratio([pair for pairs in rounds for pair in pairs]), percentile(samples, 5), percentile(samples, 95)
+            n = len(pairs)
+            starts = [rng.randrange(n) for _ in range(math.ceil(n / block))]
+            pooled += [pairs[(s + k) % n] for s in starts for k in range(block)][:n]
+        samples.append(percentile_ratio(pooled, q))
+    return samples
+
+
+def ratio_interval(rounds: List[List[Tuple[float, float]]], q: float, draws: int = DRAWS,
+                   block: int = BLOCK, seed: int = 0) -> Tuple[float, float, float]:
+    """The pooled ratio of the ``q``-th percentiles and the 5th and 95th percentiles of its
+    bootstrap (``bootstrap_ratios``): a rough 90% interval (its ends move by a few hundredths
+    with the seed at 2,000 draws)."""
+    samples = bootstrap_ratios(rounds, q, draws, block, seed)
+    pooled = [pair for pairs in rounds for pair in pairs]
+    return percentile_ratio(pooled, q), percentile(samples, 5), percentile(samples, 95)
 
 
 def _cluster_text(cluster: List[Tuple[int, float, float]], shown: int = 4) -> str:
@@ -112,7 +125,7 @@ def report(document: dict, first: str, other: str, workload: str, factor: float)
         more = f"; {len(clusters) - LISTED} more clusters" if len(clusters) > LISTED else ""
         lines.append(f"round {round_index}: median ratio {statistics.median(ratios):.3f} over {len(ratios)} "
                      f"requests; {slow} {factor:g}x or slower ({other} / {first}): {text}{more}")
-    rounds = [pairs for pairs in paired_rounds(a, b) if pairs]
+    rounds = paired_rounds(a, b)
     if rounds:
         text = "; ".join("{} {:.3f} [{:.3f}, {:.3f}]".format(name, *ratio_interval(rounds, q))
                          for name, q in (("p50", 50), ("p99", 99)))
