@@ -130,7 +130,7 @@ def report(document: dict, first: str, other: str, workload: str, factor: float)
         text = "; ".join("{} {:.3f} [{:.3f}, {:.3f}]".format(name, *ratio_interval(rounds, q))
                          for name, q in (("p50", 50), ("p99", 99)))
         lines += ["", f"pooled over {len(rounds)} round(s), {sum(map(len, rounds))} requests, TTFT ratio "
-                  f"({other} / {first}) with a 90% block-bootstrap interval: {text}"]
+                  f"({other} / {first}) with a rough 90% circular block-bootstrap interval: {text}"]
     return "\n".join(lines) + "\n"
 
 
