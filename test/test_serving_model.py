@@ -301,3 +301,24 @@ def test_the_h100_costs_agree_with_the_h100_run(costs, agrees) -> None:
     for name, ratio in measured.items():
         m = sm.run_seeds(one(name), sm.COSTS[costs], "3.0", 2, shape=shape)
         assert (abs(m["dynamic"]["tok_s"] / m["plain"]["tok_s"] - ratio) <= 0.05) is agrees, name
+
+
+def test_requests_at_twice_the_others_first_token_time_are_counted_each_way() -> None:
+    """A draft prefill four times the target's (held in plain mode, light load) makes every first
+    token of EAGLE3_DYNAMIC at least twice plain's; the count is per request, paired."""
+    workload = one("poisson-1@8")
+    slow = replace(FA3, draft_prefill_share=3.0, noise=0.0)
+    m = sm.run(workload, slow, configs=("plain", "dynamic"), policy_factory=sm.held_plain)
+    answered = sum(r.done_ms is not None for r in served(workload)[1].requests)
+    assert m["dynamic"]["ttft_2x_slower"] == answered > 0
+    assert m["dynamic"]["ttft_2x_faster"] == 0
+    same = sm.run(workload, replace(FA3, noise=0.0), configs=("plain", "dynamic"), policy_factory=sm.held_plain)
+    assert same["dynamic"]["ttft_2x_slower"] == same["dynamic"]["ttft_2x_faster"] == 0
+
+
+def test_the_tool_prints_each_seeds_first_token_ratios(capsys) -> None:
+    assert sm.main(["--workloads", "poisson-4@3", "--held-plain", "--seeds", "2", "--per-seed"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3].startswith("| poisson-4@3 |")
+    assert [line.split(":")[0] for line in lines[-2:]] == ["  seed 0", "  seed 1"]
+    assert "requests at 2x the other's TTFT or more: dynamic" in lines[-1]

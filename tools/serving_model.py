@@ -467,7 +467,7 @@ def run(workload, costs: GpuCosts, acceptance: str = "3.0", shape: ServerShape =
     (always speculating, 48 running at most), EAGLE3_DYNAMIC (``policy_factory``'s policy).
     ``workload``: a ``sweeplib.workloads.Workload`` (its own acceptance wins); ``warmup``:
     segments served first and not recorded (none: a fresh server meets the workload)."""
-    results = {}
+    results, ttfts = {}, {}
     for name in configs:
         client = Client(workload.segments, workload.acceptance or acceptance, seed, warmup)
         if name == "plain":
@@ -479,15 +479,34 @@ def run(workload, costs: GpuCosts, acceptance: str = "3.0", shape: ServerShape =
             policy = policy_factory(costs, shape)
             served = serve(client, policy.decide, costs, shape, True, seed, policy=policy)
         results[name] = served.metrics()
+        ttfts[name] = [r.first_ms - r.arrival_ms if r.done_ms is not None else None
+                       for r in served.requests]
+    if "plain" in ttfts and "dynamic" in ttfts:  # the same requests, in the same order
+        pairs = [(p, d) for p, d in zip(ttfts["plain"], ttfts["dynamic"]) if p and d]
+        results["dynamic"]["ttft_2x_slower"] = float(sum(d >= 2 * p for p, d in pairs))
+        results["dynamic"]["ttft_2x_faster"] = float(sum(p >= 2 * d for p, d in pairs))
     return results
+
+
+def mean_of(runs: Sequence[Dict[str, Dict[str, float]]]) -> Dict[str, Dict[str, float]]:
+    """Each configuration's metrics, the mean over runs (seeds)."""
+    return {name: {key: float(np.mean([r[name][key] for r in runs])) for key in runs[0][name]}
+            for name in runs[0]}
 
 
 def run_seeds(workload, costs: GpuCosts, acceptance: str = "3.0", seeds: int = 1,
               **kwargs) -> Dict[str, Dict[str, float]]:
     """:func:`run` with seeds 0 .. ``seeds`` - 1, each metric the mean over them."""
-    runs = [run(workload, costs, acceptance, seed=seed, **kwargs) for seed in range(seeds)]
-    return {name: {key: float(np.mean([r[name][key] for r in runs])) for key in runs[0][name]}
-            for name in runs[0]}
+    return mean_of([run(workload, costs, acceptance, seed=seed, **kwargs) for seed in range(seeds)])
+
+
+def seed_line(seed: int, m: Dict[str, Dict[str, float]]) -> str:
+    """One seed's first tokens, EAGLE3_DYNAMIC against plain on the same requests: the spread of
+    a p99 between runs of the same traffic that differ only in their timing."""
+    p, d = m["plain"], m["dynamic"]
+    return (f"  seed {seed}: TTFT p50 / p99 dyn / plain {d['ttft_p50'] / p['ttft_p50']:.3f} / "
+            f"{d['ttft_p99'] / p['ttft_p99']:.3f}; requests at 2x the other's TTFT or more: "
+            f"dynamic {d['ttft_2x_slower']:.0f}, plain {d['ttft_2x_faster']:.0f}")
 
 
 def row(name: str, m: Dict[str, Dict[str, float]]) -> str:
@@ -559,6 +578,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="EAGLE3_DYNAMIC held in plain mode instead of its policy (plain mode's own cost)")
     parser.add_argument("--catchup-compile-ms", type=float, default=0.0,
                         help="what a catch-up at a shape not seen before adds (compiling; ~25 on an H100)")
+    parser.add_argument("--per-seed", action="store_true",
+                        help="after each row, each seed's TTFT ratios and the requests 2x slower either way")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
     from sweeplib.workloads import parse_workloads
@@ -583,12 +604,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for workload, costs_name, acceptance in cases:
         if isinstance(workload, str):
             workload = parse_workloads([workload])[0]
-        m = run_seeds(workload, costs_of(costs_name), acceptance, args.seeds,
-                      shape=ServerShape(kv_capacity_tokens=args.max_total_tokens, acceptance_draws=args.draws,
-                                        overlap=not args.disable_overlap_schedule),
-                      warmup=warmup, policy_factory=held_plain if args.held_plain else dynamic_policy)
+        options = dict(shape=ServerShape(kv_capacity_tokens=args.max_total_tokens, acceptance_draws=args.draws,
+                                         overlap=not args.disable_overlap_schedule),
+                       warmup=warmup, policy_factory=held_plain if args.held_plain else dynamic_policy)
         label = workload.name + (f" ~{acceptance} {costs_name}" if args.random else "")
-        print(row(label, m), flush=True)
+        if args.per_seed:
+            runs = [run(workload, costs_of(costs_name), acceptance, seed=seed, **options)
+                    for seed in range(args.seeds)]
+            m = mean_of(runs)
+            print("\n".join([row(label, m), *(seed_line(seed, r) for seed, r in enumerate(runs))]), flush=True)
+        else:
+            m = run_seeds(workload, costs_of(costs_name), acceptance, args.seeds, **options)
+            print(row(label, m), flush=True)
         p, e, d = m["plain"], m["eagle3"], m["dynamic"]
         worse[0] += d["tok_s"] < 0.97 * max(p["tok_s"], e["tok_s"])
         worse[1] += d["e2e_p50"] > 1.05 * min(p["e2e_p50"], e["e2e_p50"])
