@@ -316,6 +316,14 @@ def test_requests_at_twice_the_others_first_token_time_are_counted_each_way() ->
     assert same["dynamic"]["ttft_2x_slower"] == same["dynamic"]["ttft_2x_faster"] == 0
 
 
+def test_the_counts_pair_requests_by_position() -> None:
+    # Sorted, the two lists would pair 10/10, 20/20, 40/40: none slower. Paired by request, the
+    # first is 4x slower, the second 1.9x (not counted), the third 4x faster; a request one
+    # server left unanswered is left out.
+    assert sm.count_2x([10.0, 20.0, 40.0, 5.0], [40.0, 38.0, 10.0, None]) == (1, 1)
+    assert sm.count_2x([10.0], [20.0]) == (1, 0)  # exactly twice counts
+
+
 def test_the_tool_prints_each_seeds_first_token_ratios(capsys) -> None:
     assert sm.main(["--workloads", "poisson-4@3", "--held-plain", "--seeds", "2", "--per-seed"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -482,10 +482,16 @@ def run(workload, costs: GpuCosts, acceptance: str = "3.0", shape: ServerShape =
         ttfts[name] = [r.first_ms - r.arrival_ms if r.done_ms is not None else None
                        for r in served.requests]
     if "plain" in ttfts and "dynamic" in ttfts:  # the same requests, in the same order
-        pairs = [(p, d) for p, d in zip(ttfts["plain"], ttfts["dynamic"]) if p and d]
-        results["dynamic"]["ttft_2x_slower"] = float(sum(d >= 2 * p for p, d in pairs))
-        results["dynamic"]["ttft_2x_faster"] = float(sum(p >= 2 * d for p, d in pairs))
+        slower, faster = count_2x(ttfts["plain"], ttfts["dynamic"])
+        results["dynamic"].update(ttft_2x_slower=float(slower), ttft_2x_faster=float(faster))
     return results
+
+
+def count_2x(plain: Sequence[Optional[float]], dynamic: Sequence[Optional[float]]) -> Tuple[int, int]:
+    """Requests (paired by position; unanswered ones, None, left out) whose first token took
+    EAGLE3_DYNAMIC twice plain's time or more, and plain twice EAGLE3_DYNAMIC's."""
+    pairs = [(p, d) for p, d in zip(plain, dynamic) if p is not None and d is not None]
+    return sum(d >= 2 * p for p, d in pairs), sum(p >= 2 * d for p, d in pairs)
 
 
 def mean_of(runs: Sequence[Dict[str, Dict[str, float]]]) -> Dict[str, Dict[str, float]]:
@@ -501,8 +507,8 @@ def run_seeds(workload, costs: GpuCosts, acceptance: str = "3.0", seeds: int = 1
 
 
 def seed_line(seed: int, m: Dict[str, Dict[str, float]]) -> str:
-    """One seed's first tokens, EAGLE3_DYNAMIC against plain on the same requests: the spread of
-    a p99 between runs of the same traffic that differ only in their timing."""
+    """One seed's first tokens, EAGLE3_DYNAMIC against plain on the same requests (each seed its
+    own draw of the workload): how far a p99 moves from one run of a workload to the next."""
     p, d = m["plain"], m["dynamic"]
     return (f"  seed {seed}: TTFT p50 / p99 dyn / plain {d['ttft_p50'] / p['ttft_p50']:.3f} / "
             f"{d['ttft_p99'] / p['ttft_p99']:.3f}; requests at 2x the other's TTFT or more: "
