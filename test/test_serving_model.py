@@ -218,12 +218,12 @@ def test_the_tool_models_the_gpu_runs_kv_pool(monkeypatch) -> None:
     run's 40,000-token pools fill in a burst where 120,000 do not)."""
     shapes, factories = [], []
 
-    def fake_run_seeds(workload, costs, acceptance, seeds, shape, warmup, policy_factory):
+    def fake_run(workload, costs, acceptance, seed, shape, warmup, policy_factory):
         shapes.append(shape)
         factories.append(policy_factory)
         return {name: {"tok_s": 1.0, "e2e_p50": 1.0} for name in ("plain", "eagle3", "dynamic")}
 
-    monkeypatch.setattr(sm, "run_seeds", fake_run_seeds)
+    monkeypatch.setattr(sm, "run", fake_run)
     monkeypatch.setattr(sm, "row", lambda label, m: "")
     assert sm.main(["--workloads", "poisson-4@3", "--max-total-tokens", "40000"]) == 0
     assert sm.main(["--workloads", "poisson-4@3", "--held-plain"]) == 0

@@ -57,6 +57,7 @@ import numpy as np
 
 from sglang_dynamic_eagle.policy.replay import FEEDBACK_LAG_STEPS, throughput_policy_for
 from sglang_dynamic_eagle.policy.types import DecodeMode, StepObservation
+from paired_requests import slow_clusters  # noqa: E402  (tools/: request-by-request comparison of first tokens)
 
 PLAIN, SPEC = DecodeMode.PLAIN, DecodeMode.SPECULATIVE
 
@@ -490,8 +491,7 @@ def run(workload, costs: GpuCosts, acceptance: str = "3.0", shape: ServerShape =
 def count_2x(plain: Sequence[Optional[float]], dynamic: Sequence[Optional[float]]) -> Tuple[int, int]:
     """Requests (paired by position; unanswered ones, None, left out) whose first token took
     EAGLE3_DYNAMIC twice plain's time or more, and plain twice EAGLE3_DYNAMIC's."""
-    pairs = [(p, d) for p, d in zip(plain, dynamic) if p is not None and d is not None]
-    return sum(d >= 2 * p for p, d in pairs), sum(p >= 2 * d for p, d in pairs)
+    return tuple(sum(map(len, slow_clusters(a, b, 2.0))) for a, b in ((plain, dynamic), (dynamic, plain)))
 
 
 def mean_of(runs: Sequence[Dict[str, Dict[str, float]]]) -> Dict[str, Dict[str, float]]:
@@ -614,14 +614,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                          overlap=not args.disable_overlap_schedule),
                        warmup=warmup, policy_factory=held_plain if args.held_plain else dynamic_policy)
         label = workload.name + (f" ~{acceptance} {costs_name}" if args.random else "")
-        if args.per_seed:
-            runs = [run(workload, costs_of(costs_name), acceptance, seed=seed, **options)
-                    for seed in range(args.seeds)]
-            m = mean_of(runs)
-            print("\n".join([row(label, m), *(seed_line(seed, r) for seed, r in enumerate(runs))]), flush=True)
-        else:
-            m = run_seeds(workload, costs_of(costs_name), acceptance, args.seeds, **options)
-            print(row(label, m), flush=True)
+        runs = [run(workload, costs_of(costs_name), acceptance, seed=seed, **options)
+                for seed in range(args.seeds)]
+        m = mean_of(runs)
+        seeds = [seed_line(seed, r) for seed, r in enumerate(runs)] if args.per_seed else []
+        print("\n".join([row(label, m), *seeds]), flush=True)
         p, e, d = m["plain"], m["eagle3"], m["dynamic"]
         worse[0] += d["tok_s"] < 0.97 * max(p["tok_s"], e["tok_s"])
         worse[1] += d["e2e_p50"] > 1.05 * min(p["e2e_p50"], e["e2e_p50"])
