@@ -81,6 +81,25 @@ def test_workload_metrics_pool_every_run_and_count_goodput_against_the_tpot_targ
     assert metrics["median_e2e_latency_ms"] == pytest.approx(100 + 200)
 
 
+def test_a_request_whose_whole_output_came_in_one_chunk_has_no_first_token_time():
+    """sglang's detokenizer holds back text that ends mid-character, and bench_serving stamps the first token
+    at the first chunk with text: a dummy model's answer held to its end reads TTFT = E2E (1.7 s here, among
+    40 ms neighbours). Its TTFT and TPOT are left out, its throughput and E2E kept; a one-token answer and
+    one with a single later chunk still count."""
+    line = bench_line([0.04, 0.04, 1.7, 0.05, 0.04], [[0.005] * 9, [0.005] * 9, [], [], [0.3]])
+    line["output_lens"] = [10, 10, 363, 1, 2]
+    segment = {"bench": bench.raw_row(line), "requests": bench.request_stats(line)}
+    assert bench.first_tokens_s(segment["requests"]) == [0.04, 0.04, None, 0.05, 0.04]
+    metrics = bench.workload_metrics([segment], goodput_tpot_ms=50.0)
+    assert metrics["completed"] == 5 and metrics["total_output_tokens"] == 386
+    assert metrics["p99_ttft_ms"] == pytest.approx(float(np.percentile([40, 40, 50, 40], 99)))
+    assert metrics["p99_tpot_ms"] == pytest.approx(float(np.percentile([5, 5, 300], 99)))
+    assert metrics["p99_e2e_latency_ms"] == pytest.approx(float(np.percentile([85, 85, 1700, 50, 340], 99)))
+    failed = {"ok": [False, True], "ttft_s": [0.0, 0.1], "output_len": [0, 5], "tpot_s": [None, 0.01]}
+    assert bench.first_tokens_s(failed) == [None, 0.1]
+    assert bench.first_tokens_s({"ok": [True], "ttft_s": [0.1]}) == [0.1]  # older records: TTFT alone
+
+
 def client(tmp_path: Path, script: str) -> bench.BenchClient:
     path = tmp_path / "driver.py"
     path.write_text(script)

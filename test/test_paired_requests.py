@@ -37,6 +37,18 @@ def test_clusters_join_neighbours_and_leave_out_requests_below_the_factor() -> N
     assert paired_requests.slow_clusters(PLAIN, [None] * 8, 2.0) == []
 
 
+def test_a_request_without_a_first_token_time_drops_out_of_the_pairing() -> None:
+    """Request 1's output came in one chunk on the second server (TPOT 0, several tokens): no first-token
+    time there, so no pair; the other requests pair as before."""
+    def timed(config: str, ttfts_ms, tpots) -> dict:
+        return {"config": config, "workload": "w", "round": 0, "segments": [{"requests": {
+            "ok": [True] * 3, "ttft_s": [t / 1000 for t in ttfts_ms], "output_len": [9] * 3, "tpot_s": tpots}}]}
+    document = {"runs": [timed("plain", [30, 30, 30], [0.01] * 3), timed("dynamic", [33, 1740, 36], [0.005, 0, 0.005])]}
+    assert paired_requests.ttfts_by_round(document, "dynamic", "w") == {0: [33, None, 36]}
+    assert paired_requests.slow_clusters(paired_requests.ttfts_by_round(document, "plain", "w")[0],
+                                         paired_requests.ttfts_by_round(document, "dynamic", "w")[0], 2.0) == []
+
+
 def test_the_report_pairs_rounds_and_refuses_runs_of_other_requests(tmp_path, capsys) -> None:
     document = {"schema_version": sorted(READABLE_SCHEMAS)[-1], "runs": [
         run("plain", 0, PLAIN), run("dynamic", 0, DYNAMIC),

@@ -24,7 +24,7 @@ from typing import Dict, List, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
 
-from sweeplib.bench import percentile  # noqa: E402
+from sweeplib.bench import first_tokens_s, percentile  # noqa: E402
 from sweeplib.results import load_results  # noqa: E402
 
 
@@ -34,14 +34,15 @@ DRAWS = 2000
 
 
 def ttfts_by_round(document: dict, config: str, workload: str) -> Dict[int, List[float]]:
-    """Milliseconds to the first token of each request (None where it failed), per round."""
+    """Milliseconds to the first token of each request, per round; None where it failed or has no
+    first-token time (``first_tokens_s``)."""
     out = {}
     for run in document["runs"]:
         if run["config"] == config and run["workload"] == workload and run.get("segments"):
             if run["round"] in out:
                 raise ValueError(f"{config} {workload}: two runs of round {run['round']}")
-            out[run["round"]] = [1000 * t if ok else None for s in run["segments"]
-                                 for ok, t in zip(s["requests"]["ok"], s["requests"]["ttft_s"])]
+            out[run["round"]] = [None if t is None else 1000 * t for s in run["segments"]
+                                 for t in first_tokens_s(s["requests"])]
     return out
 
 

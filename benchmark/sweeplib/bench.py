@@ -32,8 +32,7 @@ def segment_flags(segment: Segment, tokenizer: str, host: str, port: int, seed: 
     flags = ["--backend", "sglang", "--host", host, "--port", str(port), *shape, "--tokenizer", tokenizer,
              "--num-prompts", str(segment.prompts), "--request-rate", str(segment.rate), "--seed", str(seed),
              "--output-file", output_file, "--output-details", "--flush-cache", "--disable-tqdm"]
-    return flags + (["--max-concurrency", str(segment.concurrency)] if segment.concurrency is not None else []) + list(
-        extra_args)
+    return flags + (["--max-concurrency", str(segment.concurrency)] if segment.concurrency is not None else []) + [*extra_args]
 
 
 class BenchClient:
@@ -95,18 +94,22 @@ def request_stats(line: dict) -> dict:
     and sum(ITL) / (tokens - 1) the TPOT (bench_serving's (latency - TTFT) / (tokens - 1))."""
     errors = line.get("errors") or [""] * len(line.get("ttfts") or [])
     stats: dict[str, list] = {"ok": [], "output_len": [], "ttft_s": [], "tpot_s": [], "e2e_s": []}
-    for error, tokens, ttft, itls in zip(errors, line.get("output_lens") or [], line.get("ttfts") or [],
-                                         line.get("itls") or []):
+    for error, tokens, ttft, itls in zip(errors, line.get("output_lens") or [], line.get("ttfts") or [], line.get("itls") or []):
         decode_s = sum(itls)
-        # A request answered without a streamed token (a prompt over the context length) has TTFT 0 and no ITLs,
-        # though bench_serving counts it completed (TTFT is stamped at the first chunk with text: a one-token
-        # answer without text reads the same unless the run has --visible-special-tokens).
+        # Answered without a streamed token (a prompt over the context length): TTFT 0, no ITLs, yet bench_serving's
+        # "completed" (a one-token answer without text reads the same unless the run has --visible-special-tokens).
         stats["ok"].append(not error and (ttft > 0 or bool(itls)))
         stats["output_len"].append(tokens)
         stats["ttft_s"].append(round(ttft, 6))
         stats["tpot_s"].append(round(decode_s / (tokens - 1), 6) if tokens > 1 else None)
         stats["e2e_s"].append(round(ttft + decode_s, 6))
     return stats
+
+
+def first_tokens_s(requests: dict) -> list[float | None]:
+    """Each request's TTFT, None where it failed or its output of several tokens came in one chunk: TPOT 0 (README)."""
+    tpots = requests.get("tpot_s") or [None] * len(requests["ok"])
+    return [t if ok and tpot != 0 else None for ok, t, tpot in zip(requests["ok"], requests["ttft_s"], tpots)]
 
 
 def raw_row(line: dict) -> dict:
@@ -134,17 +137,16 @@ def workload_metrics(segments: list[dict], goodput_tpot_ms: float) -> dict:
                 ("ok", "output_len", "ttft_s", "tpot_s", "e2e_s")}
     ok = [i for i, good in enumerate(requests["ok"]) if good]
     duration = sum(s["bench"].get("duration") or 0.0 for s in segments)
-    tpots = [requests["tpot_s"][i] for i in ok if requests["tpot_s"][i] is not None]
+    first = first_tokens_s(requests)
+    tpots = [requests["tpot_s"][i] for i in ok if first[i] is not None and requests["tpot_s"][i] is not None]
     good = sum(1 for i in ok if requests["tpot_s"][i] is None or requests["tpot_s"][i] * 1000 <= goodput_tpot_ms)
     metrics = {"completed": len(ok), "requests": len(requests["ok"]), "duration": duration,
-               "total_output_tokens": sum(requests["output_len"][i] for i in ok),
-               "goodput_tpot_ms": goodput_tpot_ms,
+               "total_output_tokens": sum(requests["output_len"][i] for i in ok), "goodput_tpot_ms": goodput_tpot_ms,
                "accept_length": next((s["bench"].get("accept_length") for s in reversed(segments)
                                       if s["bench"].get("accept_length") is not None), None)}
-    for key, count in (("request_throughput", len(ok)), ("output_throughput", metrics["total_output_tokens"]),
-                       ("goodput", good)):
+    for key, count in (("request_throughput", len(ok)), ("output_throughput", metrics["total_output_tokens"]), ("goodput", good)):
         metrics[key] = count / duration if duration else None
-    for name, values in (("ttft", [requests["ttft_s"][i] for i in ok]), ("tpot", tpots),
+    for name, values in (("ttft", [t for t in first if t is not None]), ("tpot", tpots),
                          ("e2e_latency", [requests["e2e_s"][i] for i in ok])):
         for label, q in (("median", 50), ("p99", 99)):
             metrics[f"{label}_{name}_ms"] = percentile(values, q) * 1000 if values else None

@@ -9,6 +9,8 @@ import dataclasses
 import math
 import statistics
 
+from sweeplib.bench import first_tokens_s
+
 
 @dataclasses.dataclass(frozen=True)
 class Wave:
@@ -29,16 +31,12 @@ class Wave:
 
 def wave_of_run(run: dict) -> Wave:
     """A run of run.py as one wave: its requests' TTFTs, output tokens and bench_serving durations."""
-    requests = [(ok, ttft) for s in run["segments"] for ok, ttft in zip(s["requests"]["ok"], s["requests"]["ttft_s"])]
-    metrics = run["metrics"]
-    return Wave(run["config"], tuple(1000 * ttft for ok, ttft in requests if ok), metrics["total_output_tokens"],
-                metrics["duration"], metrics["requests"] - metrics["completed"])
+    m, timed = run["metrics"], [1000 * t for s in run["segments"] for t in first_tokens_s(s["requests"]) if t is not None]
+    return Wave(run["config"], tuple(timed), m["total_output_tokens"], m["duration"], m["requests"] - m["completed"])
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
-    if len(values) < 2:
-        return (values[0],) * 3
-    return tuple(statistics.quantiles(values, n=4))
+    return tuple(statistics.quantiles(values, n=4)) if len(values) > 1 else (values[0],) * 3
 
 
 def geometric_mean_interval(ratios: list[float]) -> tuple[float, float, float]:
@@ -59,12 +57,10 @@ def pair_summary(pairs: list[dict[str, Wave]], first: str, other: str) -> dict:
     ttft = [pair[other].median_ttft_ms / pair[first].median_ttft_ms for pair in complete]
     throughput = [pair[other].throughput / pair[first].throughput for pair in complete]
     return {
-        "pairs": len(complete),
-        "median_ttft_ratio_quartiles": quartiles(ttft),
-        "throughput_ratio_quartiles": quartiles(throughput),
+        "pairs": len(complete), "pairs_other_ttft_lower": sum(ratio < 1 for ratio in ttft),
+        "median_ttft_ratio_quartiles": quartiles(ttft), "throughput_ratio_quartiles": quartiles(throughput),
         "ttft_ratio_geometric_mean_ci95": geometric_mean_interval(ttft),
         "throughput_ratio_geometric_mean_ci95": geometric_mean_interval(throughput),
-        "pairs_other_ttft_lower": sum(ratio < 1 for ratio in ttft),
         **{key: {name: statistics.median(getattr(pair[name], field) for pair in complete) for name in (first, other)}
            for key, field in (("median_ttft_ms", "median_ttft_ms"), ("median_throughput", "throughput"))},
     }
