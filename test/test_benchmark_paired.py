@@ -74,6 +74,9 @@ def test_a_run_is_a_wave_of_its_requests():
     result = paired.wave_of_run(run)
     assert result.ttfts_ms == pytest.approx((20.0, 20.0, 20.0)) and result.failed == 1
     assert result.throughput == pytest.approx(run["metrics"]["total_output_tokens"] / 2.0)
+    # request 2's answer came in one chunk (TPOT 0): no first-token time, its tokens still counted
+    run["segments"][0]["requests"]["tpot_s"][2], run["segments"][0]["requests"]["ttft_s"][2] = 0.0, 1.7
+    assert paired.wave_of_run(run).ttfts_ms == pytest.approx((20.0, 20.0))
 
 
 def test_rounds_pair_up_the_two_configurations_runs_of_each_workload():
