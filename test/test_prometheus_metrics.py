@@ -106,6 +106,7 @@ def _worker_report(policy) -> dict:
     import torch
 
     from sglang_dynamic_eagle.engine.draft_catchup import DraftCatchup
+    from sglang_dynamic_eagle.engine.early_first_token import EarlyFirstToken
     from sglang_dynamic_eagle.engine.observations import PolicyFeed, RequestAcceptance
     from sglang_dynamic_eagle.engine.plain_decode_graphs import PlainDecodeGraphs
     from sglang_dynamic_eagle.engine.worker import DynamicEagleWorker
@@ -122,6 +123,7 @@ def _worker_report(policy) -> dict:
     worker._plain_graphs.capture_gib = 0.5
     worker.request_acceptance = RequestAcceptance()
     worker.prefill_timer = PrefillTimer()
+    worker.early_first_token = EarlyFirstToken(True)  # not attached: off, with its reason
     return worker.report()
 
 

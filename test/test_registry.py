@@ -120,9 +120,10 @@ def test_the_batch_selection_hook_gives_the_worker_the_batch_and_the_waiting_que
 
     from sglang_dynamic_eagle.engine.worker import DynamicEagleWorker
 
-    calls = []
+    calls, attached = [], []
     worker = DynamicEagleWorker.__new__(DynamicEagleWorker)  # no GPU: only its hook entry point
     worker.batch_selected = lambda batch, queued: calls.append((batch, queued))
+    worker.attach_scheduler = attached.append
     scheduler = SimpleNamespace(draft_worker=worker, waiting_queue=["a", "b", "c"])
     batch, running = object(), object()
     plan = NextBatchPlan(batch_to_run=batch, running_batch=running)  # sglang's own result type
@@ -131,6 +132,7 @@ def test_the_batch_selection_hook_gives_the_worker_the_batch_and_the_waiting_que
     batch_selection.batch_selected(NextBatchPlan(batch_to_run=None, running_batch=running),
                                    scheduler)
     assert calls == [(batch, 3), (None, 0)]
+    assert attached == [scheduler, scheduler]  # the worker attaches once (EarlyFirstToken.attach)
 
 
 def test_the_batch_selection_hook_leaves_other_servers_alone() -> None:

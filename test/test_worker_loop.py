@@ -18,6 +18,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_dynamic_eagle.config import TRACE_ENV, load_config
 from sglang_dynamic_eagle.engine.draft_catchup import CatchupPlan, batch_req_pool_indices
+from sglang_dynamic_eagle.engine.early_first_token import EarlyFirstToken
 from sglang_dynamic_eagle.engine.observations import PolicyFeed, RequestAcceptance
 from sglang_dynamic_eagle.engine.step_costs import TimingFeed
 from sglang_dynamic_eagle.engine.worker import DynamicEagleWorker
@@ -241,6 +242,7 @@ def new_worker(monkeypatch):
     instance._timings = FakeTimings()
     instance._decode_step = 0
     instance.prefill_timer = FakePrefillTimer()
+    instance.early_first_token = EarlyFirstToken(False)  # test_early_first_token.py: turned on
     instance._draft_worker = None
     instance.plan_stream = None
     instance._last_step_plain = False

@@ -31,7 +31,10 @@ Environment variables (``ENVIRONMENT``), read where the server runs:
 * ``SGLANG_DYNAMIC_EAGLE_CATCHUP_WINDOW`` (1 to 256, default 256): positions caught up per
   request at most;
 * ``SGLANG_DYNAMIC_EAGLE_TRACE=<file>``: decode-step traces for replay (``observability.trace``);
-* ``SGLANG_DYNAMIC_EAGLE_SYNC_CHECK=1``: the host-sync check (``observability.host_syncs``).
+* ``SGLANG_DYNAMIC_EAGLE_SYNC_CHECK=1``: the host-sync check (``observability.host_syncs``);
+* ``SGLANG_DYNAMIC_EAGLE_EARLY_FIRST_TOKEN`` (``1``, the default, or ``0``): a prefill's first
+  token to the host before the draft's extend (``engine.early_first_token``); ``0`` keeps
+  sglang's order.
 
 A bad value raises :class:`StartupError` with one line that names the flag or variable and the
 fix, before any GPU work (the launcher checks them all, and each scheduler process again).
@@ -62,6 +65,7 @@ CATCHUP_BUDGET_ENV = "SGLANG_DYNAMIC_EAGLE_CATCHUP_MIB"
 CATCHUP_WINDOW_ENV = "SGLANG_DYNAMIC_EAGLE_CATCHUP_WINDOW"
 TRACE_ENV = "SGLANG_DYNAMIC_EAGLE_TRACE"
 SYNC_CHECK_ENV = "SGLANG_DYNAMIC_EAGLE_SYNC_CHECK"
+EARLY_FIRST_TOKEN_ENV = "SGLANG_DYNAMIC_EAGLE_EARLY_FIRST_TOKEN"
 AUTO = "auto"
 DEFAULT_CATCHUP_BUDGET_MIB = 1024
 MAX_WINDOW = 256
@@ -78,6 +82,7 @@ class Config:
     catchup_window: int = MAX_WINDOW
     trace_path: Optional[str] = None
     sync_check: bool = False
+    early_first_token: bool = True
 
     @property
     def automatic(self) -> bool:
@@ -277,6 +282,18 @@ def _whole_number(name: str, default: int, what: str, high: Optional[int] = None
     return parse
 
 
+def _switch(name: str, default: bool) -> Callable[[Optional[str]], bool]:
+    def parse(raw: Optional[str]) -> bool:
+        if raw is None or raw == "":
+            return default
+        if raw not in ("0", "1"):
+            raise StartupError(f"{name}={raw!r} is not a switch: set it to 1 (on) or 0 (off), "
+                               "or unset it")
+        return raw == "1"
+
+    return parse
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """One environment variable: its Config field and how its text (None when unset) becomes
@@ -296,6 +313,7 @@ ENVIRONMENT: Tuple[EnvSpec, ...] = (
         high=MAX_WINDOW)),
     EnvSpec("trace_path", TRACE_ENV, lambda raw: raw or None),
     EnvSpec("sync_check", SYNC_CHECK_ENV, lambda raw: raw == "1"),
+    EnvSpec("early_first_token", EARLY_FIRST_TOKEN_ENV, _switch(EARLY_FIRST_TOKEN_ENV, True)),
 )
 
 

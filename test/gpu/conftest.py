@@ -9,7 +9,7 @@ from typing import Iterator, List
 
 import pytest
 
-from sglang_dynamic_eagle.config import CATCHUP_WINDOW_ENV
+from sglang_dynamic_eagle.config import CATCHUP_WINDOW_ENV, EARLY_FIRST_TOKEN_ENV
 
 from gpu_servers import (
     TINY_DYNAMIC_TRITON_CACHE,
@@ -46,8 +46,9 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
     """Plain, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds, and automatic) servers of the tiny
     trained pair, EAGLE3 and EAGLE3_DYNAMIC (fixed thresholds) with a tree of topk 4, the
     catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1), the
-    sampling tests' (EAGLE3_DYNAMIC whose plain steps sample greedily) and the retraction test's
-    (EAGLE3_DYNAMIC whose scheduler retracts requests on purpose). Those that the selected
+    sampling tests' (EAGLE3_DYNAMIC whose plain steps sample greedily), the retraction test's
+    (EAGLE3_DYNAMIC whose scheduler retracts requests on purpose) and the early first token's
+    (sglang's order, a slow side stream, and one without the barrier's wait). Those that the selected
     tests name in their ``uses_servers`` markers start together before the first of them runs;
     any other starts when a test first uses it."""
     common, draft = tiny_pair_args(backends="sglang")
@@ -68,6 +69,13 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
         # Negative control of the sampling tests: its plain steps sample greedily.
         "tiny_dynamic_greedy_plain": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                                *FIXED_THRESHOLD_FLAGS],
+        # The early first token's test: sglang's order; a slow side stream; its negative control.
+        "tiny_dynamic_late_first_token": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC",
+                                                   *draft, *FIXED_THRESHOLD_FLAGS],
+        "tiny_dynamic_slow_side": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
+                                            *FIXED_THRESHOLD_FLAGS],
+        "tiny_dynamic_slow_side_no_barrier": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC",
+                                                       *draft, *FIXED_THRESHOLD_FLAGS],
         # The retraction test's: sglang's scheduler retracts a decoding request every third forward.
         "tiny_dynamic_retract": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                           *FIXED_THRESHOLD_FLAGS],
@@ -79,6 +87,9 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
         "tiny_dynamic_window1": {CATCHUP_WINDOW_ENV: "1"},
         "tiny_dynamic_greedy_plain": {"SGLANG_DE_TEST_BREAK_PLAIN_STEP": "greedy"},
         "tiny_dynamic_retract": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"},
+        "tiny_dynamic_late_first_token": {EARLY_FIRST_TOKEN_ENV: "0"},
+        "tiny_dynamic_slow_side": {"SGLANG_DE_TEST_SLOW_SIDE_STREAM": "slow"},
+        "tiny_dynamic_slow_side_no_barrier": {"SGLANG_DE_TEST_SLOW_SIDE_STREAM": "slow-no-barrier"},
     }
     servers = LazyServers(specs, env=env, server_envs=server_envs)
     try:

@@ -15,7 +15,9 @@
 * automatic policy (the default): bursts of 16 and lone requests give exactly the plain
   server's tokens, and the server reports what it measured and decided;
 * structured output: regex and JSON-schema requests sent in waves that switch modes give
-  exactly the plain server's tokens, and those that stopped match their constraint.
+  exactly the plain server's tokens, and those that stopped match their constraint;
+* early first token: with the draft's prefill on its side stream slowed down, tokens and
+  verify counts are unchanged; without the barrier's wait (negative control) they are not.
 """
 
 from __future__ import annotations
@@ -392,3 +394,39 @@ def test_requests_retracted_in_either_mode_stay_lossless(tiny_servers, eval_set)
     assert retracted >= 20
     assert min(switches) >= 5
     assert not comparison.failures
+
+
+def one_at_a_time(server, prompts: Sequence[Dict], max_new: int) -> Tuple[List, List]:
+    outputs = send(server, prompts, [max_new] * len(prompts), 1)
+    return ([o["output_ids"] for o in outputs],
+            [o["meta_info"]["spec_verify_ct"] for o in outputs])
+
+
+@pytest.mark.uses_servers("tiny_plain", "tiny_dynamic_late_first_token", "tiny_dynamic_slow_side",
+                          "tiny_dynamic_slow_side_no_barrier")
+def test_first_token_before_the_draft_prefill_changes_no_token_and_no_draft(tiny_servers, eval_set):
+    """The draft's prefill on its side stream (``engine.early_first_token``), slowed by a GPU
+    spin of about 30 ms so that a step that did not wait for it would read its output early:
+    one request at a time, every request's tokens equal plain decoding's and it verifies as
+    often as on a server that keeps sglang's order (its drafts are the same). The negative
+    control, the same spin without the barrier's wait, must differ in one or the other."""
+    prompts, max_new = eval_set["prompts"], eval_set["max_new_tokens"]
+    plain = [o["output_ids"] for o in send(tiny_servers["tiny_plain"], prompts,
+                                           [max_new] * len(prompts), 1)]
+    late_tokens, late_verifies = one_at_a_time(tiny_servers["tiny_dynamic_late_first_token"],
+                                               prompts, max_new)
+    results = {name: one_at_a_time(tiny_servers[name], prompts, max_new)
+               for name in ("tiny_dynamic_slow_side", "tiny_dynamic_slow_side_no_barrier")}
+    reports = {name: tiny_servers[name].dynamic_counters()
+               for name in ("tiny_dynamic_late_first_token", *results)}
+    differing = {name: (sum(t != p for t, p in zip(tokens, plain)),
+                        sum(v != w for v, w in zip(verifies, late_verifies)))
+                 for name, (tokens, verifies) in results.items()}
+    print(f"early first token: (requests whose tokens differ from plain, whose verify count "
+          f"differs from sglang's order) of {len(prompts)}: {differing}; sglang's order "
+          f"differs from plain in {sum(t != p for t, p in zip(late_tokens, plain))}")
+    assert late_tokens == plain
+    assert reports["tiny_dynamic_late_first_token"]["early_first_token"] is False
+    assert reports["tiny_dynamic_slow_side"]["early_first_token"] is True
+    assert differing["tiny_dynamic_slow_side"] == (0, 0)
+    assert differing["tiny_dynamic_slow_side_no_barrier"] != (0, 0), "negative control"

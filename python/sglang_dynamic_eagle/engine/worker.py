@@ -31,6 +31,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from sglang_dynamic_eagle.config import load_config
 from sglang_dynamic_eagle.engine.draft_catchup import DraftCatchup, batch_req_pool_indices
+from sglang_dynamic_eagle.engine.early_first_token import EarlyFirstToken
 from sglang_dynamic_eagle.engine.observations import PolicyFeed, RequestAcceptance, observe
 from sglang_dynamic_eagle.engine.plain_decode_graphs import PlainDecodeGraphs
 from sglang_dynamic_eagle.engine.plain_step import PlainDecodeStep
@@ -54,6 +55,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
         self.request_acceptance = RequestAcceptance()
         self.metrics_export = MetricsExport()  # used with --enable-metrics
         self.prefill_timer = PrefillTimer()
+        self.early_first_token = EarlyFirstToken(self.config.early_first_token, server_args.tp_size)
         self.queued = 0  # requests waiting to be admitted; set by the scheduler hook
         # The decision made when the scheduler chose the batch: (batch, its size, view, mode).
         self._selected: Optional[Tuple[ScheduleBatch, int, StepObservation, DecodeMode]] = None
@@ -79,6 +81,9 @@ class DynamicEagleWorker(EAGLEWorkerV2):
 
     @property
     def war_fastpath_runner(self):
+        # A prefill whose draft extend ran on the side stream: its end on that stream.
+        if self.early_first_token.war_fastpath_read_done_event is not None:
+            return self.early_first_token
         # A plain step's last shared-buffer read is the target decode graph,
         # which publishes its read-done event on the target runner.
         if self._last_step_plain:
@@ -101,6 +106,11 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             self._feed.verified(self.counters.verified_step, num_correct_drafts_per_req, before)
         self.counters.record_host(None, perf_counter() - start)
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
+
+    def attach_scheduler(self, scheduler) -> None:
+        """The scheduler, at its first batch choice (its hook): the early first token wraps its
+        future map."""
+        self.early_first_token.attach(scheduler)
 
     def batch_selected(self, batch: Optional[ScheduleBatch], queued: int) -> None:
         """The scheduler chose its next batch (its hook, ``sglang_compat.hooks``), with
@@ -156,13 +166,17 @@ class DynamicEagleWorker(EAGLEWorkerV2):
 
     def _prefill(self, batch: ScheduleBatch, on_publish, grammar_barrier) -> GenerationBatchResult:
         """EAGLE-3's prefill, timed in two parts: sglang's worker publishes between the
-        target extend and the draft extend."""
+        target extend and the draft extend; from there the draft extend runs beside the first
+        token's copy to the host (``early_first_token``)."""
         eagle_forward = super().forward_batch_generation
         tokens = batch.extend_num_tokens or 0
         key = self._timings.prefill_launched(tokens) if self._timings is not None else None
-        return self.prefill_timer.timed(
-            tokens, on_publish, lambda publish: eagle_forward(batch, publish, grammar_barrier),
-            key)
+        with self.early_first_token.prefill(on_publish) as publish:
+            result = self.prefill_timer.timed(
+                tokens, publish, lambda publish: eagle_forward(batch, publish, grammar_barrier),
+                key)
+            self.early_first_token.launched(result)
+        return result
 
     def _decode(self, mode: DecodeMode, batch: ScheduleBatch, on_publish,
                 grammar_barrier) -> Tuple[GenerationBatchResult, float, float]:
@@ -226,6 +240,7 @@ class DynamicEagleWorker(EAGLEWorkerV2):
             **self._plain_graphs.report(),
             "acceptance_mismatched_results": self.request_acceptance.mismatched,
             **self.prefill_timer.report(),
+            **self.early_first_token.report(),
         }
 
 

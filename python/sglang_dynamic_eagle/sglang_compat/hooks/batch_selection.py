@@ -2,7 +2,8 @@
 ``Scheduler.get_next_batch_to_run`` (installed by ``registry.install_hooks``). The worker takes
 the queue left waiting (the policy's queue input) and, for a decode batch, makes the step's
 decision there, before the scheduler waits for the previous step's verify
-(``DynamicEagleWorker.batch_selected`` says why)."""
+(``DynamicEagleWorker.batch_selected`` says why). At the first call the worker also takes the
+scheduler itself (``engine.early_first_token`` wraps its future map)."""
 
 from __future__ import annotations
 
@@ -15,5 +16,6 @@ def batch_selected(plan, scheduler, *args, **kwargs):
     alone."""
     worker = dynamic_worker(scheduler)
     if worker is not None:
+        worker.attach_scheduler(scheduler)
         worker.batch_selected(getattr(plan, "batch_to_run", None), len(scheduler.waiting_queue))
     return plan

@@ -265,4 +265,38 @@ SERVER_RELIANCES: Tuple[UpstreamReliance, ...] = (
             "sglang.srt.server_args.ServerArgs.get_model_config",
         ),
     ),
+    UpstreamReliance(
+        target="FutureMap.stash of the scheduler's future map",
+        how="wrapped once per scheduler (engine.early_first_token.EarlyFirstToken.attach): the "
+        "stash of a prefill whose draft extend ran on the side stream runs on that stream, "
+        "every other stash as before",
+        why="the scheduler stashes the draft's output on the forward stream right after the "
+        "forward returns; read there it would race the draft extend",
+        drop_when="sglang copies a speculative prefill's first token before the draft extend",
+        kind=ATTRIBUTE_SWAP,
+        code=(
+            "sglang.srt.managers.overlap_utils.FutureMap.stash",
+            "sglang.srt.managers.overlap_utils.RelayPayload.from_draft_input",
+            "sglang.srt.managers.scheduler.Scheduler._relay_forward_payload",
+        ),
+        patched_by=("sglang_dynamic_eagle.engine.early_first_token.EarlyFirstToken.attach",),
+    ),
+    UpstreamReliance(
+        target="Scheduler.run_batch (overlap) and Scheduler._apply_war_barrier: stream order",
+        how="not patched; engine.early_first_token relies on: the copy stream waits for the "
+        "forward stream after the stash; after each launch the schedule stream waits for the "
+        "event of model_worker.war_fastpath_runner (the worker returns the side stream's end "
+        "after an early prefill); each forward first waits for the schedule stream; the "
+        "barrier is on with CUDA unless SGLANG_FORCE_COARSE_WAR_BARRIER (then it stays off)",
+        why="these put the first token's copy after the target extend only, and every later "
+        "GPU step after the draft extend and its stash",
+        drop_when="sglang copies a speculative prefill's first token before the draft extend",
+        kind=BEHAVIOUR,
+        code=(
+            "sglang.srt.managers.scheduler.Scheduler.run_batch",
+            "sglang.srt.managers.scheduler.Scheduler._apply_war_barrier",
+            "sglang.srt.managers.scheduler.Scheduler.event_loop_overlap",
+            "sglang.srt.environ.Envs.SGLANG_FORCE_COARSE_WAR_BARRIER",
+        ),
+    ),
 )
