@@ -67,12 +67,17 @@ def test_a_plain_step_yields_one_token_per_request_and_speculation_its_acceptanc
     assert tokens == pytest.approx(2.5, abs=0.1)  # capped at each request's last tokens
 
 
-def test_the_draft_prefill_share_delays_first_tokens() -> None:
+@pytest.mark.parametrize("early, delay", [(False, 1.06), (True, 1.0)])
+def test_the_draft_prefill_share_delays_first_tokens_unless_they_leave_before_it(early, delay) -> None:
     taxed = replace(FA3, draft_prefill_share=0.06, noise=0.0)
     workload = one("closed-1@2048x16")
-    ttft = [served(workload, costs=c, speculative=True)[1].metrics()["ttft_p50"]
-            for c in (replace(FA3, noise=0.0), taxed)]
-    assert ttft[1] == pytest.approx(1.06 * ttft[0])
+    shape = sm.ServerShape(early_first_token=early)
+    metrics = []
+    for c in (replace(FA3, noise=0.0), taxed):
+        client = sm.Client(workload.segments, "3.0", seed=0)
+        metrics.append(sm.serve(client, lambda obs: DecodeMode.PLAIN, c, shape, True, seed=0).metrics())
+    assert metrics[1]["ttft_p50"] == pytest.approx(delay * metrics[0]["ttft_p50"])
+    assert metrics[1]["e2e_p50"] > metrics[0]["e2e_p50"]  # the GPU work is the same either way
 
 
 def test_plain_steps_of_a_speculating_server_pay_the_work_around_them() -> None:
@@ -304,11 +309,13 @@ def test_the_h100_costs_agree_with_the_h100_run(costs, agrees) -> None:
 
 
 def test_requests_at_twice_the_others_first_token_time_are_counted_each_way() -> None:
-    """A draft prefill four times the target's (held in plain mode, light load) makes every first
-    token of EAGLE3_DYNAMIC at least twice plain's; the count is per request, paired."""
+    """A draft prefill four times the target's (held in plain mode, light load, the first token
+    after the draft's extend) makes every first token of EAGLE3_DYNAMIC at least twice plain's;
+    the count is per request, paired."""
     workload = one("poisson-1@8")
     slow = replace(FA3, draft_prefill_share=3.0, noise=0.0)
-    m = sm.run(workload, slow, configs=("plain", "dynamic"), policy_factory=sm.held_plain)
+    late = sm.ServerShape(early_first_token=False)
+    m = sm.run(workload, slow, configs=("plain", "dynamic"), policy_factory=sm.held_plain, shape=late)
     answered = sum(r.done_ms is not None for r in served(workload)[1].requests)
     assert m["dynamic"]["ttft_2x_slower"] == answered > 0
     assert m["dynamic"]["ttft_2x_faster"] == 0

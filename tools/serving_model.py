@@ -12,7 +12,8 @@ prefill under ``chunk_tokens`` and the KV pool holds their prompts plus a reserv
 ``new_token_ratio`` of their outputs) or one decode step of every running request. As in
 sglang's overlap loop (its default), the next item is chosen when the current one begins, so a
 request arriving at a busy server waits out the running item and the one already chosen
-(``ServerShape.overlap``). A request's first token comes with its prefill. A system prompt shared by a group of requests (``shared-R``)
+(``ServerShape.overlap``). A request's first token comes with its prefill, before the draft's
+part on EAGLE3_DYNAMIC in the overlap loop (``ServerShape.early_first_token``). A system prompt shared by a group of requests (``shared-R``)
 is prefilled by the first of them and then found in the prefix cache (never evicted); the pool
 holds it once while a running request uses it; attention still reads it for every request. Costs (milliseconds, named quantities of the GPU and model):
 
@@ -169,6 +170,10 @@ class ServerShape:
     # one: an arrival is seen only when the item after the running one is chosen, so it waits out
     # the running item and then the one already chosen (False: --disable-overlap-schedule).
     overlap: bool = True
+    # EAGLE3_DYNAMIC sends a prefill's first token before the draft's extend (the server's
+    # engine.early_first_token, overlap loop only): the draft's share delays the next item, not
+    # the first token (False: sglang's order, as EAGLE3 and the runs before 2026-12-06).
+    early_first_token: bool = True
 
 
 @dataclass
@@ -368,9 +373,12 @@ def serve(client: Client, decide: Callable[[StepObservation], DecodeMode], costs
             stored += own
             reserve += shape.new_token_ratio * r.output_len
         if batch:
-            now += jitter(costs.prefill_ms(tokens, speculative_server))
+            prefill = jitter(costs.prefill_ms(tokens, speculative_server))
+            early = speculative_server and shape.early_first_token and shape.overlap
+            first = now + (prefill / (1 + costs.draft_prefill_share) if early else prefill)
+            now += prefill
             for r in batch:
-                r.first_ms, r.emitted = now, 1
+                r.first_ms, r.emitted = first, 1
                 if r.prefix is not None:
                     prefixes[r.prefix] = r.prefix_len
             running += finish(batch)
@@ -474,8 +482,8 @@ def run(workload, costs: GpuCosts, acceptance: str = "3.0", shape: ServerShape =
         if name == "plain":
             served = serve(client, lambda obs: PLAIN, costs, shape, False, seed)
         elif name == "eagle3":
-            served = serve(client, lambda obs: SPEC, costs,
-                           replace(shape, max_running=EAGLE3_MAX_RUNNING), True, seed)
+            served = serve(client, lambda obs: SPEC, costs, replace(
+                shape, max_running=EAGLE3_MAX_RUNNING, early_first_token=False), True, seed)
         else:
             policy = policy_factory(costs, shape)
             served = serve(client, policy.decide, costs, shape, True, seed, policy=policy)
@@ -563,6 +571,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--costs", choices=sorted(COSTS), default="fa3")
     parser.add_argument("--draft-prefill-share", type=float, default=None,
                         help="the draft's prefill over the target's (default: the costs' own)")
+    parser.add_argument("--late-first-token", action="store_true",
+                        help="EAGLE3_DYNAMIC's first token after the draft's extend, as sglang orders it "
+                        "(SGLANG_DYNAMIC_EAGLE_EARLY_FIRST_TOKEN=0, and the runs before 2026-12-06)")
     parser.add_argument("--disable-overlap-schedule", action="store_true",
                         help="model sglang's loop without overlap (each item chosen when the previous one ends)")
     parser.add_argument("--draws", choices=("chain", "simulated"), default="chain",
@@ -611,7 +622,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if isinstance(workload, str):
             workload = parse_workloads([workload])[0]
         options = dict(shape=ServerShape(kv_capacity_tokens=args.max_total_tokens, acceptance_draws=args.draws,
-                                         overlap=not args.disable_overlap_schedule),
+                                         overlap=not args.disable_overlap_schedule,
+                                         early_first_token=not args.late_first_token),
                        warmup=warmup, policy_factory=held_plain if args.held_plain else dynamic_policy)
         label = workload.name + (f" ~{acceptance} {costs_name}" if args.random else "")
         runs = [run(workload, costs_of(costs_name), acceptance, seed=seed, **options)
