@@ -81,7 +81,7 @@ def run_batch(streams: FakeStreams, scheduler, early: EarlyFirstToken, prefill: 
     """One launch as sglang's overlap loop does it, on the forward stream: the worker's forward
     (for a prefill: target extend, publish, draft extend; else one decode step), the stash of
     the draft input, the copy stream's wait for the forward stream; then the barrier."""
-    draft_input = SimpleNamespace(topk_p=object(), bonus_tokens=0, topk_index=None,
+    draft_input = SimpleNamespace(topk_p=object(), bonus_tokens=object(), topk_index=None,
                                   hidden_states=None, dsa_topk_indices=None)
     with streams.use(streams.stack[0]):
         if prefill:
@@ -218,7 +218,7 @@ def test_without_a_publish_callback_the_prefill_stays_on_the_forward_stream() ->
     with early.prefill(None) as publish:
         assert publish is None
         streams.op("draft extend")
-        early.launched(SimpleNamespace(next_draft_input=SimpleNamespace(topk_p=object())))
+        early.launched(SimpleNamespace(next_draft_input=SimpleNamespace(bonus_tokens=object())))
     assert streams.log == [("forward", "draft extend")]
     assert early.war_fastpath_read_done_event is None
 

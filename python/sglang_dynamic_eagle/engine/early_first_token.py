@@ -95,7 +95,7 @@ class EarlyFirstToken:
         self._coarse_barrier = coarse_barrier
         self._attached = False
         self._stream: Any = None
-        self._stash_for: Any = None  # the draft seeds (topk_p) of the prefill whose stash moves
+        self._stash_for: Any = None  # the bonus tokens of the prefill whose stash moves
         self._on_side = False  # the prefill in progress moved to the side stream
 
     def attach(self, scheduler) -> None:
@@ -153,11 +153,12 @@ class EarlyFirstToken:
         """The prefill's result, inside :meth:`prefill`'s block: if its draft extend ran on the
         side stream, the scheduler's stash of its draft input moves there too."""
         if self._on_side:
-            self._stash_for = getattr(getattr(result, "next_draft_input", None), "topk_p", None)
+            draft_input = getattr(result, "next_draft_input", None)
+            self._stash_for = getattr(draft_input, "bonus_tokens", None)
 
     def _stash(self, original, future_indices, payload) -> None:
         moved = self._stash_for
-        if moved is None or getattr(payload, "topk_p", None) is not moved:
+        if moved is None or getattr(payload, "bonus_tokens", None) is not moved:
             return original(future_indices, payload)
         self._stash_for = None
         with self._streams.use(self._stream):
