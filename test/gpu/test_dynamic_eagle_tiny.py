@@ -409,24 +409,31 @@ def test_first_token_before_the_draft_prefill_changes_no_token_and_no_draft(tiny
     spin of about 30 ms so that a step that did not wait for it would read its output early:
     one request at a time, every request's tokens equal plain decoding's and it verifies as
     often as on a server that keeps sglang's order (its drafts are the same). The negative
-    control, the same spin without the barrier's wait, must differ in one or the other."""
+    control, the same spin without the barrier's wait, must differ in one or the other, or fail
+    (its next step reads stale request slots: on an H100, 2026-12-06, a device-side assert)."""
     prompts, max_new = eval_set["prompts"], eval_set["max_new_tokens"]
     plain = [o["output_ids"] for o in send(tiny_servers["tiny_plain"], prompts,
                                            [max_new] * len(prompts), 1)]
     late_tokens, late_verifies = one_at_a_time(tiny_servers["tiny_dynamic_late_first_token"],
                                                prompts, max_new)
-    results = {name: one_at_a_time(tiny_servers[name], prompts, max_new)
-               for name in ("tiny_dynamic_slow_side", "tiny_dynamic_slow_side_no_barrier")}
+    tokens, verifies = one_at_a_time(tiny_servers["tiny_dynamic_slow_side"], prompts, max_new)
     reports = {name: tiny_servers[name].dynamic_counters()
-               for name in ("tiny_dynamic_late_first_token", *results)}
-    differing = {name: (sum(t != p for t, p in zip(tokens, plain)),
-                        sum(v != w for v, w in zip(verifies, late_verifies)))
-                 for name, (tokens, verifies) in results.items()}
-    print(f"early first token: (requests whose tokens differ from plain, whose verify count "
-          f"differs from sglang's order) of {len(prompts)}: {differing}; sglang's order "
-          f"differs from plain in {sum(t != p for t, p in zip(late_tokens, plain))}")
+               for name in ("tiny_dynamic_late_first_token", "tiny_dynamic_slow_side")}
+    differing = (sum(t != p for t, p in zip(tokens, plain)),
+                 sum(v != w for v, w in zip(verifies, late_verifies)))
+    try:
+        control_tokens, control_verifies = one_at_a_time(
+            tiny_servers["tiny_dynamic_slow_side_no_barrier"], prompts, max_new)
+        control = (sum(t != p for t, p in zip(control_tokens, plain)),
+                   sum(v != w for v, w in zip(control_verifies, late_verifies)))
+    except Exception as error:  # the control's server failed (its requests were answered wrongly)
+        control = repr(error)[:120]
+    print(f"early first token, {len(prompts)} requests one at a time: sglang's order differs from "
+          f"plain in {sum(t != p for t, p in zip(late_tokens, plain))}; the slow side stream "
+          f"(tokens differing from plain, verify counts from sglang's order) {differing}; "
+          f"without the barrier's wait {control}; verifies {sum(verifies)} / {sum(late_verifies)}")
     assert late_tokens == plain
     assert reports["tiny_dynamic_late_first_token"]["early_first_token"] is False
     assert reports["tiny_dynamic_slow_side"]["early_first_token"] is True
-    assert differing["tiny_dynamic_slow_side"] == (0, 0)
-    assert differing["tiny_dynamic_slow_side_no_barrier"] != (0, 0), "negative control"
+    assert differing == (0, 0)
+    assert control != (0, 0), "negative control"
