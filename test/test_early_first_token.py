@@ -199,6 +199,8 @@ SGLANG_ORDER = [("forward", "target extend"), ("forward", "publish"), ("forward"
     ("the scheduler has no future map", True, 1, False, {"future_map": None}),
     ("sglang's barrier after a launch is off", True, 1, False, {"_war_barrier_enabled": False}),
     ("SGLANG_FORCE_COARSE_WAR_BARRIER is set", True, 1, True, {}),
+    ("sglang's unified memory pool (its forward-done event misses the side stream)", True,
+     1, False, {"enable_unified_memory": True}),
 ])
 def test_where_it_cannot_keep_its_orderings_sglangs_order_stays(why, enabled, tp_size, coarse,
                                                                  overrides) -> None:

@@ -31,9 +31,10 @@ Three orderings keep the result exact; each is sglang's own, moved to the side s
 The GPU work is the same and in the same order for every later step; what moves is the first
 token's copy and the host's handling of it, by the draft extend's time. Only with sglang's
 overlap scheduler (without it the host waits for the whole forward anyway), one tensor-parallel
-rank (a draft extend on another stream would issue its collectives there), and sglang's
-fine-grained barrier (``SGLANG_FORCE_COARSE_WAR_BARRIER`` makes the barrier wait for the forward
-stream alone). ``SGLANG_DYNAMIC_EAGLE_EARLY_FIRST_TOKEN=0`` keeps sglang's order.
+rank (a draft extend on another stream would issue its collectives there), sglang's fine-grained
+barrier (``SGLANG_FORCE_COARSE_WAR_BARRIER`` makes the barrier wait for the forward stream alone)
+and without sglang's unified memory pool (whose forward-done event is recorded on the forward
+stream). ``SGLANG_DYNAMIC_EAGLE_EARLY_FIRST_TOKEN=0`` keeps sglang's order.
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ class EarlyFirstToken:
             return "sglang's barrier after a launch is off"
         if self._coarse_barrier():
             return "SGLANG_FORCE_COARSE_WAR_BARRIER is set"
+        if getattr(scheduler, "enable_unified_memory", False):
+            return "sglang's unified memory pool (its forward-done event misses the side stream)"
         return ""
 
     @contextmanager

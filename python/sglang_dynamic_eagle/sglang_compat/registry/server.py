@@ -287,7 +287,8 @@ SERVER_RELIANCES: Tuple[UpstreamReliance, ...] = (
         "forward stream after the stash; after each launch the schedule stream waits for the "
         "event of model_worker.war_fastpath_runner (the worker returns the side stream's end "
         "after an early prefill); each forward first waits for the schedule stream; the "
-        "barrier is on with CUDA unless SGLANG_FORCE_COARSE_WAR_BARRIER (then it stays off)",
+        "barrier is on with CUDA unless SGLANG_FORCE_COARSE_WAR_BARRIER; the unified memory "
+        "pool records its forward-done event on the forward stream (with either it stays off)",
         why="these put the first token's copy after the target extend only, and every later "
         "GPU step after the draft extend and its stash",
         drop_when="sglang copies a speculative prefill's first token before the draft extend",
