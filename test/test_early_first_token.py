@@ -25,9 +25,6 @@ class FakeStream:
     def wait_stream(self, other: "FakeStream") -> None:
         self._log.append((self.name, f"wait {other.name}"))
 
-    def __repr__(self) -> str:
-        return self.name
-
 
 class FakeStreams:
     """The CudaStreams interface over a log of (stream, operation)."""
@@ -95,7 +92,7 @@ def run_batch(streams: FakeStreams, scheduler, early: EarlyFirstToken, prefill: 
         scheduler.future_map.stash("prefill" if prefill else "decode",
                                    RelayPayload.from_draft_input(draft_input))
         streams.op("copy stream waits")
-    event = early.war_fastpath_read_done_event if early.war_fastpath_read_done_event else None
+    event = early.war_fastpath_read_done_event
     early.war_fastpath_read_done_event = None  # as Scheduler._apply_war_barrier does
     streams.log.append(("schedule", f"barrier {event or 'forward stream'}"))
 
@@ -143,7 +140,7 @@ def test_the_draft_extend_and_its_stash_move_to_the_side_stream_behind_the_barri
     early = EarlyFirstToken(True, streams=streams, coarse_barrier=lambda: False)
     log = run_prefill_then_decode(early, streams, scheduler_for(streams))
     assert early.active and violations(log) == []
-    assert streams.stack == [streams.stack[0]]  # back on the forward stream
+    assert [s.name for s in streams.stack] == ["forward"]  # back on the forward stream
 
 
 class NoStashMove(EarlyFirstToken):

@@ -44,6 +44,9 @@ from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
+import torch
+from sglang.srt.environ import envs
+
 logger = logging.getLogger(__name__)
 
 
@@ -51,31 +54,21 @@ class CudaStreams:
     """The stream operations the early first token uses (a fake in the CPU tests)."""
 
     def new_stream(self) -> Any:
-        import torch
-
         return torch.cuda.Stream()
 
     def current(self) -> Any:
-        import torch
-
         return torch.cuda.current_stream()
 
     def use(self, stream) -> Any:
-        import torch
-
         return torch.cuda.stream(stream)
 
     def mark(self, stream) -> Any:
-        import torch
-
         event = torch.cuda.Event()
         event.record(stream)
         return event
 
 
 def coarse_barrier_forced() -> bool:
-    from sglang.srt.environ import envs
-
     return bool(envs.SGLANG_FORCE_COARSE_WAR_BARRIER.get())
 
 
