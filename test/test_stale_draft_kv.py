@@ -48,3 +48,13 @@ def test_all_rebuilt_is_a_running_request_whose_draft_kv_is_whole():
     result = stale_draft_kv.measure_running(requests=1, plain_tokens=24, new_tokens=24, rebuilt=())
     assert result["all rebuilt"] == stale_draft_kv.tokens_per_verify([whole])
     assert result["none rebuilt"] < result["all rebuilt"]
+
+
+def test_the_prompt_window_table_lists_each_case_and_a_prompt_without_draft_kv_accepts_less(capsys):
+    assert stale_draft_kv.main(["--prompt-window", "--follow-ups", "2", "--new-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split(" | ")[0].strip("| "): float(line.split(" | ")[1])
+            for line in out.splitlines() if line.startswith("| ") and "---" not in line and "tokens per" not in line}
+    assert list(rows) == ["whole prompt", "newest 32", "newest 16", "newest 8",
+                          "newest 16, older rows another request's", "none"]
+    assert rows["none"] < rows["whole prompt"]

@@ -18,6 +18,12 @@ prompt's tokens, decoded with chain drafting, its draft KV over turn 1's answer
 
     python3 tools/stale_draft_kv.py [--follow-ups 48] [--answer-tokens 64] [--new-tokens 48]
 
+With ``--prompt-window``, a new request whose prefill wrote the draft's KV over only the newest
+rows of its prompt (a draft prefill cut to a window), the older rows zeros or another request's,
+then decoding speculatively from its first token.
+
+    python3 tools/stale_draft_kv.py --prompt-window --follow-ups 64
+
 With ``--running PLAIN_TOKENS``, the same for a running request whose last PLAIN_TOKENS were
 decoded plainly when it speculates again: its draft KV over them rebuilt whole (the catch-up),
 only the newest few (a smaller window, or a catch-up's per-request share), or not at all.
@@ -135,6 +141,31 @@ def measure_running(requests: int, plain_tokens: int, new_tokens: int, rebuilt=(
     return {name: tokens_per_verify(accepted) for name, accepted in runs.items()}
 
 
+def measure_prompt_window(requests: int, new_tokens: int, windows=(32, 16, 8), steps: int = 3) -> dict[str, float]:
+    """A new request whose prefill wrote the draft's KV over only the newest rows of its prompt,
+    then speculates: the older prompt rows zeros, or another request's for the middle window."""
+    target, draft = load_pair()
+    prompts = json.loads((PAIR / "eval_prompts.json").read_text())["prompts"]
+    middle = windows[len(windows) // 2]
+    cases = {"whole prompt": (None, False), **{f"newest {n}": (n, False) for n in windows},
+             f"newest {middle}, older rows another request's": (middle, True), "none": (0, False)}
+    runs: dict[str, list[list[int]]] = {name: [] for name in cases}
+    for i in range(requests):
+        prompt = prompts[i % len(prompts)]["input_ids"]
+        # The prefill's draft extend writes rows 0 .. len(prompt) - 1 (the last one reads the first
+        # token the prefill sampled); the request then decodes from there.
+        context = greedy(target, prompt, 1)
+        rows = list(range(len(prompt)))
+        unrelated = prompts[(i + 33) % len(prompts)]["input_ids"]
+        other = context_kv(target, draft, greedy(target, unrelated, max(1, len(context) - len(unrelated) + 1)))
+        for name, (newest, foreign) in cases.items():
+            stale = [] if newest is None else rows[: max(0, len(rows) - newest)]
+            edit = replacing(stale, other if foreign else None) if stale else None
+            runs[name].append(reference_chain_decode(target, draft, context, new_tokens, steps, CPU,
+                                                     edit_context_kv=edit).accepted)
+    return {name: tokens_per_verify(accepted) for name, accepted in runs.items()}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--follow-ups", type=int, default=48)
@@ -143,12 +174,20 @@ def main(argv=None) -> int:
     parser.add_argument("--running", type=int, metavar="PLAIN_TOKENS",
                         help="instead: running requests (as many as --follow-ups) whose last PLAIN_TOKENS "
                              "were decoded plainly, with their draft KV rebuilt in part")
+    parser.add_argument("--prompt-window", action="store_true",
+                        help="instead: new requests (as many as --follow-ups) whose prefill wrote the draft's "
+                             "KV over only the newest rows of the prompt")
     args = parser.parse_args(argv)
     if args.running is not None and args.running < 2:
         parser.error(f"--running {args.running}: give 2 or more plainly decoded tokens")
     torch.manual_seed(0)
     start = time.monotonic()
-    if args.running is not None:
+    if args.prompt_window:
+        result = measure_prompt_window(args.follow_ups, args.new_tokens)
+        what = (f"{args.follow_ups} new requests on the tiny pair, prompts of 24-100 tokens, "
+                f"{args.new_tokens} tokens decoded speculatively")
+        column = "draft KV over the prompt"
+    elif args.running is not None:
         result = measure_running(args.follow_ups, args.running, args.new_tokens)
         what = (f"{args.follow_ups} running requests on the tiny pair, the last {args.running} tokens decoded "
                 f"plainly, then {args.new_tokens} speculatively")
