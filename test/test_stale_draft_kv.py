@@ -58,3 +58,9 @@ def test_the_prompt_window_table_lists_each_case_and_a_prompt_without_draft_kv_a
     assert list(rows) == ["whole prompt", "newest 32", "newest 16", "newest 8",
                           "newest 16, older rows another request's", "none"]
     assert rows["none"] < rows["whole prompt"]
+
+
+def test_running_and_prompt_window_together_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        stale_draft_kv.main(["--running", "8", "--prompt-window"])
+    assert "give one of them" in capsys.readouterr().err

@@ -180,12 +180,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.running is not None and args.running < 2:
         parser.error(f"--running {args.running}: give 2 or more plainly decoded tokens")
+    if args.running is not None and args.prompt_window:
+        parser.error("--running and --prompt-window measure different requests: give one of them")
     torch.manual_seed(0)
     start = time.monotonic()
     if args.prompt_window:
         result = measure_prompt_window(args.follow_ups, args.new_tokens)
-        what = (f"{args.follow_ups} new requests on the tiny pair, prompts of 24-100 tokens, "
-                f"{args.new_tokens} tokens decoded speculatively")
+        prompts = json.loads((PAIR / "eval_prompts.json").read_text())["prompts"]
+        lengths = [len(prompts[i % len(prompts)]["input_ids"]) for i in range(args.follow_ups)]
+        what = (f"{args.follow_ups} new requests on the tiny pair, prompts of {min(lengths)}-{max(lengths)} "
+                f"tokens, {args.new_tokens} tokens decoded speculatively")
         column = "draft KV over the prompt"
     elif args.running is not None:
         result = measure_running(args.follow_ups, args.running, args.new_tokens)
