@@ -6,7 +6,9 @@ Expectations marked ``LEAD:`` encode behaviour of spec_algo.DynamicEagleSpecAlgo
 
 from __future__ import annotations
 
+import inspect
 import json
+import logging
 import os
 
 import pytest
@@ -272,3 +274,56 @@ def test_bad_flag_value_is_a_one_line_startup_error(prepare, draft, flag, value)
         prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft, flag, value)
     message = str(excinfo.value)
     assert flag in message and "\n" not in message
+
+
+# ---------------------------------------------------------------- the draft's window
+
+
+class _Lines(logging.Handler):
+    """Messages of sglang's and this package's loggers (sglang's argument path configures the
+    root logger, which drops pytest's caplog handler)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def logged():
+    handler = _Lines()
+    loggers = [logging.getLogger(name) for name in ("sglang", "sglang_dynamic_eagle")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    yield handler.lines
+    for logger, level in zip(loggers, levels):
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_a_draft_window_is_said_to_apply_once_after_sglangs_warning(prepare, draft, logged):
+    args = prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
+                   "--speculative-draft-window-size", "64")
+    assert args.speculative_draft_window_size == 64
+    warned = [i for i, m in enumerate(logged) if "--speculative-draft-window-size has no effect" in m]
+    said = [i for i, m in enumerate(logged) if "--speculative-draft-window-size 64 applies" in m]
+    assert len(warned) == 1 and len(said) == 1 and said[0] > warned[0], logged
+
+
+def test_no_draft_window_no_line(prepare, draft, logged):
+    prepare("--speculative-algorithm", "EAGLE3_DYNAMIC", *draft)
+    assert logged and not [m for m in logged if "draft-window-size" in m]
+
+
+def test_sglangs_eagle3_draft_reads_the_window_whatever_the_algorithm():
+    """What the line above says: the draft class takes the window from the resolved arguments,
+    not from the algorithm's name (registry: server)."""
+    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+
+    source = inspect.getsource(LlamaForCausalLMEagle3.__init__)
+    assert "get_spec().speculative_draft_window_size" in source
+    assert "speculative_algorithm" not in source

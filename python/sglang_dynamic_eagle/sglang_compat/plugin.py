@@ -43,6 +43,12 @@ def _validate_server_args(server_args: ServerArgs) -> None:
     """Runs inside ``ServerArgs.__post_init__``, after ``load_plugins()`` applied the hooks."""
     registry.check_hooks_in_effect()
     launcher.validate_server_args(server_args)
+    window = getattr(server_args, "speculative_draft_window_size", None)
+    if window is not None:
+        # sglang warns, just before this, that the flag has no effect (registry: server).
+        logger.info("EAGLE3_DYNAMIC: --speculative-draft-window-size %d applies to the draft as "
+                    "under EAGLE3 (sglang's LlamaForCausalLMEagle3 reads it whatever the "
+                    "algorithm's name).", window)
 
 
 def register() -> None:

@@ -122,6 +122,20 @@ SERVER_RELIANCES: Tuple[UpstreamReliance, ...] = (
         patched_by=("sglang_dynamic_eagle.sglang_compat.startup_errors.install_excepthook",),
     ),
     UpstreamReliance(
+        target="LlamaForCausalLMEagle3 reads --speculative-draft-window-size whatever the "
+        "algorithm's name (behaviour)",
+        how="plugin._validate_server_args logs, after sglang's warning, that the window applies",
+        why="handle_speculative_decoding warns that the flag has no effect for any algorithm but "
+        "EAGLE3 and DFLASH, yet the draft class sets every layer's sliding window from it (and "
+        "the model runner's, through get_attention_sliding_window_size): under EAGLE3_DYNAMIC "
+        "the warning is wrong",
+        drop_when="sglang's warning asks the draft model, not the algorithm's name",
+        kind=BEHAVIOUR,
+        code=("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding",
+              "sglang.srt.models.llama_eagle3.LlamaForCausalLMEagle3.get_attention_sliding_window_size"),
+        patched_by=("sglang_dynamic_eagle.sglang_compat.plugin._validate_server_args",),
+    ),
+    UpstreamReliance(
         target="sglang's import order: kernel modules before plugins (behaviour)",
         how="the wheel installs sglang_dynamic_eagle_first_contact.pth at the root of "
         "site-packages; Python runs its line at every start: a substring test of sys.argv, and "
