@@ -46,9 +46,9 @@ def _validate_server_args(server_args: ServerArgs) -> None:
     window = getattr(server_args, "speculative_draft_window_size", None)
     if window is not None:
         # sglang warns, just before this, that the flag has no effect (registry: server).
-        logger.info("EAGLE3_DYNAMIC: --speculative-draft-window-size %d applies to the draft as "
-                    "under EAGLE3 (sglang's LlamaForCausalLMEagle3 reads it whatever the "
-                    "algorithm's name).", window)
+        logger.info("EAGLE3_DYNAMIC: --speculative-draft-window-size %d applies as under EAGLE3: "
+                    "a Llama EAGLE-3 draft (sglang's LlamaForCausalLMEagle3) reads it whatever "
+                    "the algorithm's name; other drafts ignore it.", window)
 
 
 def register() -> None:
