@@ -141,3 +141,21 @@ def test_a_request_at_a_rounds_end_is_drawn_as_often_as_one_in_its_middle() -> N
     middle, end = share_holding(50), share_holding(99)
     assert 0.55 < middle < 0.75  # 1 - (1 - 10/100) ** 10 = 0.65
     assert abs(end - middle) < 0.08
+
+
+def test_a_percentile_on_a_step_of_the_curve_is_flagged_and_the_bootstraps_median_given() -> None:
+    # A queue's ramp with a step: plain's TTFTs jump from 300 to 400 ms right at its median
+    # while the other's rise smoothly 1.08x plain's below and above. The ratio at exactly the
+    # median reads the step (0.93x, not the 1.08x around it): outside the bootstrap's
+    # interval, so the report says so and gives the bootstrap's median.
+    plain = [100.0 + i for i in range(200)] + [400.0 + i for i in range(200)]
+    other = [1.08 * x for x in plain]
+    other[199], other[200] = 1.08 * 299, 1.08 * 301  # the other's own curve has no step there
+    rounds = [list(zip(plain, other))]
+    point, median, low, high = paired_requests.ratio_summary(rounds, 50, draws=400)
+    assert point < low and abs(median - 1.08) < 0.03
+    assert "outside its interval" in paired_requests._summary_text("p50", point, median, low, high)
+    # a ratio inside its interval: no such words
+    constant = [[(x, 1.5 * x) for x in plain]]
+    assert "outside" not in paired_requests._summary_text("p50", *paired_requests.ratio_summary(constant, 50, draws=200))
+    assert paired_requests._summary_text("p50", 1.5, 1.5, 1.5, 1.5) == "p50 1.500 [1.500, 1.500], bootstrap median 1.500"

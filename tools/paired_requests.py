@@ -7,7 +7,8 @@ request's own ratio, and lists the requests where the second configuration was s
 together points at one event on that server (a pause, a compile), one request at its own work.
 Then, pooled over the rounds, the ratios of the median and p99 TTFT with a rough 90% interval
 from a circular block bootstrap over the paired requests (blocks of ``BLOCK`` consecutive
-arrivals, so a cluster stays one draw): how far a p99 of a few hundred requests can be trusted.
+arrivals, so a cluster stays one draw): how far a p99 of a few hundred requests can be trusted,
+and the bootstrap's median, steadier where a percentile sits on a step of the TTFT curve.
 
     python3 tools/paired_requests.py benchmark/results/<folder>/pin/results.json.xz plain dynamic [--workload poisson-10@20] [--factor 2]
 """
@@ -90,14 +91,31 @@ def bootstrap_ratios(rounds: List[List[Tuple[float, float]]], q: float, draws: i
     return samples
 
 
-def ratio_interval(rounds: List[List[Tuple[float, float]]], q: float, draws: int = DRAWS,
-                   block: int = BLOCK, seed: int = 0) -> Tuple[float, float, float]:
-    """The pooled ratio of the ``q``-th percentiles and the 5th and 95th percentiles of its
-    bootstrap (``bootstrap_ratios``): a rough 90% interval (its ends move by a few hundredths
-    with the seed at 2,000 draws)."""
+def ratio_summary(rounds: List[List[Tuple[float, float]]], q: float, draws: int = DRAWS,
+                  block: int = BLOCK, seed: int = 0) -> Tuple[float, float, float, float]:
+    """The pooled ratio of the ``q``-th percentiles, then the median, 5th and 95th percentiles of
+    its bootstrap (``bootstrap_ratios``): the last two a rough 90% interval (its ends move by a
+    few hundredths with the seed at 2,000 draws). Where a percentile sits on a step of either
+    TTFT curve (a queue's ramp), the pooled ratio can fall outside the interval; the bootstrap's
+    median is then the steadier reading."""
     samples = bootstrap_ratios(rounds, q, draws, block, seed)
     pooled = [pair for pairs in rounds for pair in pairs]
-    return percentile_ratio(pooled, q), percentile(samples, 5), percentile(samples, 95)
+    return (percentile_ratio(pooled, q), percentile(samples, 50), percentile(samples, 5),
+            percentile(samples, 95))
+
+
+def ratio_interval(rounds: List[List[Tuple[float, float]]], q: float, draws: int = DRAWS,
+                   block: int = BLOCK, seed: int = 0) -> Tuple[float, float, float]:
+    """``ratio_summary`` without the bootstrap's median: (pooled ratio, 5th, 95th)."""
+    point, _, low, high = ratio_summary(rounds, q, draws, block, seed)
+    return point, low, high
+
+
+def _summary_text(name: str, point: float, median: float, low: float, high: float) -> str:
+    text = f"{name} {point:.3f} [{low:.3f}, {high:.3f}], bootstrap median {median:.3f}"
+    if not low <= point <= high:
+        text += " (the ratio lies outside its interval: a step in the TTFT curve; read the median)"
+    return text
 
 
 def _cluster_text(cluster: List[Tuple[int, float, float]], shown: int = 4) -> str:
@@ -128,8 +146,7 @@ def report(document: dict, first: str, other: str, workload: str, factor: float)
                      f"requests; {slow} {factor:g}x or slower ({other} / {first}): {text}{more}")
     rounds = paired_rounds(a, b)
     if rounds:
-        text = "; ".join("{} {:.3f} [{:.3f}, {:.3f}]".format(name, *ratio_interval(rounds, q))
-                         for name, q in (("p50", 50), ("p99", 99)))
+        text = "; ".join(_summary_text(name, *ratio_summary(rounds, q)) for name, q in (("p50", 50), ("p99", 99)))
         lines += ["", f"pooled over {len(rounds)} round(s), {sum(map(len, rounds))} requests, TTFT ratio "
                   f"({other} / {first}) with a rough 90% circular block-bootstrap interval: {text}"]
     return "\n".join(lines) + "\n"
