@@ -104,13 +104,6 @@ def ratio_summary(rounds: List[List[Tuple[float, float]]], q: float, draws: int 
             percentile(samples, 95))
 
 
-def ratio_interval(rounds: List[List[Tuple[float, float]]], q: float, draws: int = DRAWS,
-                   block: int = BLOCK, seed: int = 0) -> Tuple[float, float, float]:
-    """``ratio_summary`` without the bootstrap's median: (pooled ratio, 5th, 95th)."""
-    point, _, low, high = ratio_summary(rounds, q, draws, block, seed)
-    return point, low, high
-
-
 def _summary_text(name: str, point: float, median: float, low: float, high: float) -> str:
     text = f"{name} {point:.3f} [{low:.3f}, {high:.3f}], bootstrap median {median:.3f}"
     if not low <= point <= high:
