@@ -34,7 +34,9 @@ Environment variables (``ENVIRONMENT``), read where the server runs:
 * ``SGLANG_DYNAMIC_EAGLE_SYNC_CHECK=1``: the host-sync check (``observability.host_syncs``);
 * ``SGLANG_DYNAMIC_EAGLE_EARLY_FIRST_TOKEN`` (``1``, the default, or ``0``): a prefill's first
   token to the host before the draft's extend (``engine.early_first_token``); ``0`` keeps
-  sglang's order.
+  sglang's order;
+* ``SGLANG_DYNAMIC_EAGLE_SPLITKV_VERIFY`` (``0``, the default, or ``1``): on triton attention with
+  a chain, a verify's attention through sglang's split-KV kernel (``sglang_compat.triton_verify``).
 
 A bad value raises :class:`StartupError` with one line that names the flag or variable and the
 fix, before any GPU work (the launcher checks them all, and each scheduler process again).
@@ -66,6 +68,7 @@ CATCHUP_WINDOW_ENV = "SGLANG_DYNAMIC_EAGLE_CATCHUP_WINDOW"
 TRACE_ENV = "SGLANG_DYNAMIC_EAGLE_TRACE"
 SYNC_CHECK_ENV = "SGLANG_DYNAMIC_EAGLE_SYNC_CHECK"
 EARLY_FIRST_TOKEN_ENV = "SGLANG_DYNAMIC_EAGLE_EARLY_FIRST_TOKEN"
+SPLITKV_VERIFY_ENV = "SGLANG_DYNAMIC_EAGLE_SPLITKV_VERIFY"
 AUTO = "auto"
 DEFAULT_CATCHUP_BUDGET_MIB = 1024
 MAX_WINDOW = 256
@@ -83,6 +86,7 @@ class Config:
     trace_path: Optional[str] = None
     sync_check: bool = False
     early_first_token: bool = True
+    splitkv_verify: bool = False
 
     @property
     def automatic(self) -> bool:
@@ -314,6 +318,7 @@ ENVIRONMENT: Tuple[EnvSpec, ...] = (
     EnvSpec("trace_path", TRACE_ENV, lambda raw: raw or None),
     EnvSpec("sync_check", SYNC_CHECK_ENV, lambda raw: raw == "1"),
     EnvSpec("early_first_token", EARLY_FIRST_TOKEN_ENV, _switch(EARLY_FIRST_TOKEN_ENV, True)),
+    EnvSpec("splitkv_verify", SPLITKV_VERIFY_ENV, _switch(SPLITKV_VERIFY_ENV, False)),
 )
 
 

@@ -6,7 +6,8 @@ kind (a HookRegistry hook, a subclass, a call of a private function, an assignme
 attribute of an sglang object, or a behaviour we depend on), how, why, and what upstream change
 would let us drop it; ``code`` names the dotted paths that must exist in the installed sglang and
 ``patched_by`` this package's functions that do the patching. ``registry.server`` holds what
-the plugin, the launcher and the hooks rely on, ``registry.engine`` what the worker relies on.
+the plugin, the launcher and the hooks rely on, ``registry.engine`` what the worker relies on,
+``registry.kernels`` what it relies on in sglang's attention kernels.
 ``HOOKS`` lists every HookRegistry hook, and :func:`install_hooks` installs all of them (from
 ``plugin.register``). At start-up :func:`check_hooks_in_effect` (launcher) and
 :func:`check_at_start_up` (each scheduler process, before it builds its worker) refuse to start,
@@ -24,10 +25,11 @@ from typing import Any, Callable, List, Tuple
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_dynamic_eagle.sglang_compat import launcher
+from sglang_dynamic_eagle.sglang_compat import launcher, triton_verify
 from sglang_dynamic_eagle.sglang_compat.hooks import (batch_selection, prefill_tail_tokens, reporting,
                                                       request_guards)
 from sglang_dynamic_eagle.sglang_compat.registry.engine import ENGINE_RELIANCES
+from sglang_dynamic_eagle.sglang_compat.registry.kernels import KERNEL_RELIANCES
 from sglang_dynamic_eagle.sglang_compat.registry.reliance import (
     ATTRIBUTE_SWAP,
     BEHAVIOUR,
@@ -47,7 +49,7 @@ __all__ = [
     "check_hooks_in_effect", "install_hooks", "missing_code_paths", "missing_hooks", "resolve",
 ]
 
-RELIANCES: Tuple[UpstreamReliance, ...] = SERVER_RELIANCES + ENGINE_RELIANCES
+RELIANCES: Tuple[UpstreamReliance, ...] = SERVER_RELIANCES + ENGINE_RELIANCES + KERNEL_RELIANCES
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ HOOKS: Tuple[HookSpec, ...] = (
              request_guards.check_request_token_ids, HookType.BEFORE),
     HookSpec("sglang.srt.speculative.eagle_worker_v2._eagle_prefill_tail_tokens",
              prefill_tail_tokens.tail_tokens_without_sync, HookType.AROUND),
+    HookSpec("sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
+             triton_verify.after_backend_init, HookType.AFTER),
 )
 
 _installed = False

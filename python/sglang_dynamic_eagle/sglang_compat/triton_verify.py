@@ -1,0 +1,76 @@
+"""A verify's attention on triton through sglang's split-KV kernel (opt-in, not yet run in a server).
+
+sglang 0.5.17's triton backend runs a speculative verify's attention with its prefill kernel
+(``extend_attention_fwd``), which walks each request's prefix serially per (request, head). It
+also ships a split-KV verify kernel (``verify_splitkv_fwd``: the prefix split across programs as
+its decode kernel does, for a chain, topk 1), but enables it on AMD gfx95 only. On an H100, on
+8B-shaped verify shapes, the split kernel did the same work 2.4x faster at 19 requests of 800
+tokens and 3.3-4.7x faster from 32 requests or 4,000 tokens up, its outputs within one bf16
+step of the prefill kernel's (``benchmark/results/2026-12-07-h100-triton-verify-attention-kernels``).
+That growth is most of what a triton speculative step adds per request, so it sets where
+speculation stops paying there and how long an arrival waits behind a speculative step.
+
+With ``SGLANG_DYNAMIC_EAGLE_SPLITKV_VERIFY=1`` an EAGLE3_DYNAMIC server's triton backends take it
+for chains: :func:`after_backend_init` (an AFTER hook on ``TritonAttnBackend.__init__``, so before
+any graph is captured) sets the backend's ``use_verify_splitkv`` and caps the kernel's batch. The
+kernel keeps fp32 partials for ``max_bs`` requests (32 heads x 16 splits x 4 rows x 128: 1 MiB a
+request at Llama-8B's shape) and reallocates them when a later call is larger, which a captured
+graph would not survive; sglang passes its request pool's size (thousands of requests here, with
+no cap of 48). :func:`capped` passes the largest speculative graph's batch instead, and a larger
+batch (an eager verify) takes the prefill kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Callable, Optional
+
+from sglang_dynamic_eagle.config import load_config
+from sglang_dynamic_eagle.policy import ALGORITHM_NAME
+from sglang_dynamic_eagle.sglang_compat.launcher import selects_algorithm
+
+logger = logging.getLogger(__name__)
+
+QO_INDPTR_ARG = 6  # verify_splitkv_fwd's positional arguments mirror extend_attention_fwd's
+
+
+def capped(kernel: Callable[..., bool], max_bs: int) -> Callable[..., bool]:
+    """``kernel`` with its scratch sized for ``max_bs`` requests; a larger batch declines (False),
+    and the backend then runs its prefill kernel."""
+
+    @functools.wraps(kernel)
+    def verify(*args, **kwargs) -> bool:
+        if args[QO_INDPTR_ARG].shape[0] - 1 > max_bs:
+            return False
+        kwargs["max_bs"] = max_bs
+        return kernel(*args, **kwargs)
+
+    return verify
+
+
+def largest_speculative_graph(server_args) -> Optional[int]:
+    graphs = getattr(getattr(server_args, "cuda_graph_config", None), "decode", None)
+    sizes = getattr(graphs, "bs", None) or ()
+    if getattr(server_args, "disable_cuda_graph", False) or not sizes:
+        return None
+    return max(sizes)
+
+
+def after_backend_init(result, backend, model_runner, *args, **kwargs):
+    """AFTER hook on ``TritonAttnBackend.__init__``: see the module docstring. Other servers'
+    backends, trees and servers without speculative CUDA graphs are left as sglang built them."""
+    server_args = getattr(model_runner, "server_args", None)
+    if not selects_algorithm(server_args) or not load_config().splitkv_verify:
+        return result
+    why_not = ("a tree (the kernel serves chains only)" if getattr(backend, "topk", 0) != 1 else
+               "no speculative CUDA graphs" if largest_speculative_graph(server_args) is None else "")
+    if why_not:
+        logger.info("%s: a verify's attention stays on triton's prefill kernel (%s).", ALGORITHM_NAME, why_not)
+        return result
+    max_bs = largest_speculative_graph(server_args)
+    backend.use_verify_splitkv = True
+    backend.verify_splitkv_fwd = capped(backend.verify_splitkv_fwd, max_bs)
+    logger.info("%s: a verify's attention through sglang's split-KV kernel (up to %d requests).",
+                ALGORITHM_NAME, max_bs)
+    return result

@@ -1,0 +1,94 @@
+"""sglang_compat.triton_verify on CPU: which triton backends take sglang's split-KV verify kernel,
+the batch its scratch is sized for, and the call in sglang's forward_extend it relies on (the
+kernel itself needs a GPU: benchmark/results/2026-12-07-h100-triton-verify-attention-kernels)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_dynamic_eagle.config import SPLITKV_VERIFY_ENV
+from sglang_dynamic_eagle.sglang_compat import triton_verify
+
+
+def model_runner(algorithm="EAGLE3_DYNAMIC", graphs=(1, 8, 64, 160), disable_cuda_graph=False):
+    decode = SimpleNamespace(bs=list(graphs), max_bs=256)
+    return SimpleNamespace(server_args=SimpleNamespace(
+        speculative_algorithm=algorithm, disable_cuda_graph=disable_cuda_graph,
+        cuda_graph_config=SimpleNamespace(decode=decode)))
+
+
+class Kernel:
+    """Stands in for sglang's verify_splitkv_fwd: records each call's batch and max_bs."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args, max_bs=None, **kwargs):
+        self.calls.append((args[triton_verify.QO_INDPTR_ARG].shape[0] - 1, max_bs))
+        return True
+
+
+def backend(topk=1):
+    return SimpleNamespace(topk=topk, use_verify_splitkv=False, verify_splitkv_fwd=Kernel())
+
+
+def verify_args(batch: int):
+    args = [None] * 13
+    args[triton_verify.QO_INDPTR_ARG] = torch.arange(0, 4 * (batch + 1), 4, dtype=torch.int32)
+    return args
+
+
+def test_an_eagle3_dynamic_chain_on_triton_takes_the_split_kernel_capped_at_its_largest_graph(monkeypatch):
+    monkeypatch.setenv(SPLITKV_VERIFY_ENV, "1")
+    chain = backend()
+    kernel = chain.verify_splitkv_fwd
+    assert triton_verify.after_backend_init(None, chain, model_runner()) is None
+    assert chain.use_verify_splitkv
+    # sglang passes its request pool's size; the scratch is sized for the largest graph instead.
+    assert chain.verify_splitkv_fwd(*verify_args(160), max_bs=4097) is True
+    assert chain.verify_splitkv_fwd(*verify_args(3), max_bs=4097) is True
+    assert kernel.calls == [(160, 160), (3, 160)]
+    # A batch beyond every graph (an eager verify) declines, so the backend runs its prefill kernel.
+    assert chain.verify_splitkv_fwd(*verify_args(161), max_bs=4097) is False
+    assert kernel.calls == [(160, 160), (3, 160)]
+
+
+@pytest.mark.parametrize("env,algorithm,topk,runner", [
+    (None, "EAGLE3_DYNAMIC", 1, {}),  # opt-in: off unless asked for
+    ("0", "EAGLE3_DYNAMIC", 1, {}),
+    ("1", "EAGLE3", 1, {}),  # sglang's own servers are left alone
+    ("1", None, 1, {}),
+    ("1", "EAGLE3_DYNAMIC", 4, {}),  # a tree: the kernel serves chains only
+    ("1", "EAGLE3_DYNAMIC", 1, {"graphs": ()}),  # no graph sizes to cap the scratch at
+    ("1", "EAGLE3_DYNAMIC", 1, {"disable_cuda_graph": True}),
+])
+def test_other_servers_backends_stay_as_sglang_built_them(monkeypatch, env, algorithm, topk, runner):
+    if env is None:
+        monkeypatch.delenv(SPLITKV_VERIFY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SPLITKV_VERIFY_ENV, env)
+    untouched = backend(topk)
+    kernel = untouched.verify_splitkv_fwd
+    triton_verify.after_backend_init(None, untouched, model_runner(algorithm, **runner))
+    assert untouched.use_verify_splitkv is False and untouched.verify_splitkv_fwd is kernel
+
+
+def test_sglangs_forward_extend_calls_the_kernel_with_the_batch_where_the_cap_reads_it():
+    """The cap reads the batch from the call's positional qo_indptr and replaces its max_bs
+    keyword: both as sglang 0.5.17's TritonAttnBackend.forward_extend makes the call."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(TritonAttnBackend.forward_extend)))
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and ast.unparse(node.func) == "self.verify_splitkv_fwd"]
+    assert len(calls) == 1
+    [call] = calls
+    assert ast.unparse(call.args[triton_verify.QO_INDPTR_ARG]) == "self.forward_metadata.qo_indptr"
+    assert "max_bs" in {keyword.arg for keyword in call.keywords}
+    assert "use_verify_splitkv" in inspect.getsource(TritonAttnBackend.forward_extend)
