@@ -9,7 +9,7 @@ from typing import Iterator, List
 
 import pytest
 
-from sglang_dynamic_eagle.config import CATCHUP_WINDOW_ENV, EARLY_FIRST_TOKEN_ENV
+from sglang_dynamic_eagle.config import CATCHUP_WINDOW_ENV, EARLY_FIRST_TOKEN_ENV, SPLITKV_VERIFY_ENV
 
 from gpu_servers import (
     TINY_DYNAMIC_TRITON_CACHE,
@@ -48,7 +48,8 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
     catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1), the
     sampling tests' (EAGLE3_DYNAMIC whose plain steps sample greedily), the retraction test's
     (EAGLE3_DYNAMIC whose scheduler retracts requests on purpose) and the early first token's
-    (sglang's order, a slow side stream, and one without the barrier's wait). Those that the selected
+    (sglang's order, a slow side stream, and one without the barrier's wait), and one whose verifies
+    run sglang's split-KV kernel. Those that the selected
     tests name in their ``uses_servers`` markers start together before the first of them runs;
     any other starts when a test first uses it."""
     common, draft = tiny_pair_args(backends="sglang")
@@ -76,6 +77,9 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
                                             *FIXED_THRESHOLD_FLAGS],
         "tiny_dynamic_slow_side_no_barrier": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC",
                                                        *draft, *FIXED_THRESHOLD_FLAGS],
+        # A verify's attention through sglang's split-KV kernel (sglang_compat.triton_verify).
+        "tiny_dynamic_splitkv": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
+                                          *FIXED_THRESHOLD_FLAGS],
         # The retraction test's: sglang's scheduler retracts a decoding request every third forward.
         "tiny_dynamic_retract": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                           *FIXED_THRESHOLD_FLAGS],
@@ -90,6 +94,7 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
         "tiny_dynamic_late_first_token": {EARLY_FIRST_TOKEN_ENV: "0"},
         "tiny_dynamic_slow_side": {"SGLANG_DE_TEST_SLOW_SIDE_STREAM": "slow"},
         "tiny_dynamic_slow_side_no_barrier": {"SGLANG_DE_TEST_SLOW_SIDE_STREAM": "slow-no-barrier"},
+        "tiny_dynamic_splitkv": {SPLITKV_VERIFY_ENV: "1"},
     }
     servers = LazyServers(specs, env=env, server_envs=server_envs)
     try:
