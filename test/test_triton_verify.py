@@ -16,9 +16,10 @@ from sglang_dynamic_eagle.config import SPLITKV_VERIFY_ENV
 from sglang_dynamic_eagle.sglang_compat import triton_verify
 
 
-def model_runner(algorithm="EAGLE3_DYNAMIC", graphs=(1, 8, 64, 160), disable_cuda_graph=False):
-    decode = SimpleNamespace(bs=list(graphs), max_bs=256)
-    return SimpleNamespace(server_args=SimpleNamespace(
+def model_runner(algorithm="EAGLE3_DYNAMIC", graphs=(1, 8, 64, 160), disable_cuda_graph=False,
+                 graph_backend="full", is_draft_worker=False):
+    decode = SimpleNamespace(bs=list(graphs), max_bs=256, backend=graph_backend)
+    return SimpleNamespace(is_draft_worker=is_draft_worker, server_args=SimpleNamespace(
         speculative_algorithm=algorithm, disable_cuda_graph=disable_cuda_graph,
         cuda_graph_config=SimpleNamespace(decode=decode)))
 
@@ -34,8 +35,9 @@ class Kernel:
         return True
 
 
-def backend(topk=1):
-    return SimpleNamespace(topk=topk, use_verify_splitkv=False, verify_splitkv_fwd=Kernel())
+def backend(topk=1, skip_prefill=False):
+    return SimpleNamespace(topk=topk, skip_prefill=skip_prefill, use_verify_splitkv=False,
+                           verify_splitkv_fwd=Kernel())
 
 
 def verify_args(batch: int):
@@ -48,8 +50,12 @@ def test_an_eagle3_dynamic_chain_on_triton_takes_the_split_kernel_capped_at_its_
     monkeypatch.setenv(SPLITKV_VERIFY_ENV, "1")
     chain = backend()
     kernel = chain.verify_splitkv_fwd
-    assert triton_verify.after_backend_init(None, chain, model_runner()) is None
+    runner = model_runner()
+    assert triton_verify.after_backend_init(None, chain, runner) is None
     assert chain.use_verify_splitkv
+    runner.attn_backend = chain
+    assert triton_verify.report(SimpleNamespace(_target_worker=SimpleNamespace(model_runner=runner))) == {
+        "splitkv_verify": True}
     # sglang passes its request pool's size; the scratch is sized for the largest graph instead.
     assert chain.verify_splitkv_fwd(*verify_args(160), max_bs=4097) is True
     assert chain.verify_splitkv_fwd(*verify_args(3), max_bs=4097) is True
@@ -59,24 +65,31 @@ def test_an_eagle3_dynamic_chain_on_triton_takes_the_split_kernel_capped_at_its_
     assert kernel.calls == [(160, 160), (3, 160)]
 
 
-@pytest.mark.parametrize("env,algorithm,topk,runner", [
-    (None, "EAGLE3_DYNAMIC", 1, {}),  # opt-in: off unless asked for
-    ("0", "EAGLE3_DYNAMIC", 1, {}),
-    ("1", "EAGLE3", 1, {}),  # sglang's own servers are left alone
-    ("1", None, 1, {}),
-    ("1", "EAGLE3_DYNAMIC", 4, {}),  # a tree: the kernel serves chains only
-    ("1", "EAGLE3_DYNAMIC", 1, {"graphs": ()}),  # no graph sizes to cap the scratch at
-    ("1", "EAGLE3_DYNAMIC", 1, {"disable_cuda_graph": True}),
+@pytest.mark.parametrize("env,algorithm,topk,runner,skip_prefill", [
+    (None, "EAGLE3_DYNAMIC", 1, {}, False),  # opt-in: off unless asked for
+    ("0", "EAGLE3_DYNAMIC", 1, {}, False),
+    ("1", "EAGLE3", 1, {}, False),  # sglang's own servers are left alone
+    ("1", None, 1, {}, False),
+    ("1", "EAGLE3_DYNAMIC", 4, {}, False),  # a tree: the kernel serves chains only
+    ("1", "EAGLE3_DYNAMIC", 1, {"graphs": ()}, False),  # no graph sizes to cap the scratch at
+    ("1", "EAGLE3_DYNAMIC", 1, {"disable_cuda_graph": True}, False),
+    ("1", "EAGLE3_DYNAMIC", 1, {"graph_backend": "disabled"}, False),  # decode graphs off
+    ("1", "EAGLE3_DYNAMIC", 1, {"is_draft_worker": True}, False),  # the draft never verifies
+    ("1", "EAGLE3_DYNAMIC", 1, {}, True),  # a multi-step draft's per-step backend
 ])
-def test_other_servers_backends_stay_as_sglang_built_them(monkeypatch, env, algorithm, topk, runner):
+def test_other_servers_backends_stay_as_sglang_built_them(monkeypatch, env, algorithm, topk, runner, skip_prefill):
     if env is None:
         monkeypatch.delenv(SPLITKV_VERIFY_ENV, raising=False)
     else:
         monkeypatch.setenv(SPLITKV_VERIFY_ENV, env)
-    untouched = backend(topk)
+    untouched = backend(topk, skip_prefill)
     kernel = untouched.verify_splitkv_fwd
-    triton_verify.after_backend_init(None, untouched, model_runner(algorithm, **runner))
+    runner = model_runner(algorithm, **runner)
+    triton_verify.after_backend_init(None, untouched, runner)
     assert untouched.use_verify_splitkv is False and untouched.verify_splitkv_fwd is kernel
+    runner.attn_backend = untouched
+    assert triton_verify.report(SimpleNamespace(_target_worker=SimpleNamespace(model_runner=runner))) == {
+        "splitkv_verify": False}
 
 
 def test_sglangs_forward_extend_calls_the_kernel_with_the_batch_where_the_cap_reads_it():
@@ -92,3 +105,15 @@ def test_sglangs_forward_extend_calls_the_kernel_with_the_batch_where_the_cap_re
     assert ast.unparse(call.args[triton_verify.QO_INDPTR_ARG]) == "self.forward_metadata.qo_indptr"
     assert "max_bs" in {keyword.arg for keyword in call.keywords}
     assert "use_verify_splitkv" in inspect.getsource(TritonAttnBackend.forward_extend)
+
+
+def test_the_kernels_partial_outputs_start_at_zero():
+    """Its second stage reads every split's partial and weighs those of splits without keys by 0:
+    a NaN left in fresh memory would survive that (0 * NaN is NaN), a zero does not."""
+    scratch = SimpleNamespace(att_out=torch.full((2, 4, 16, 4, 8), float("nan")))
+    assert triton_verify.zero_new_partials(None, scratch, 2) is None
+    assert torch.count_nonzero(scratch.att_out) == 0
+    weights = torch.zeros(16)
+    weights[0] = 1.0
+    assert torch.isnan((torch.full((16,), float("nan")) * weights).sum())
+    assert (scratch.att_out[0, 0, :, 0, 0] * weights).sum() == 0

@@ -17,7 +17,12 @@ kernel keeps fp32 partials for ``max_bs`` requests (32 heads x 16 splits x 4 row
 request at Llama-8B's shape) and reallocates them when a later call is larger, which a captured
 graph would not survive; sglang passes its request pool's size (thousands of requests here, with
 no cap of 48). :func:`capped` passes the largest speculative graph's batch instead, and a larger
-batch (an eager verify) takes the prefill kernel.
+batch (an eager verify) takes the prefill kernel. Its second stage weighs every split's partial
+output, those of splits that had no keys by zero, so a partial never written must not hold a NaN
+or an infinity (zero times either is NaN): :func:`zero_new_partials` (an AFTER hook on the scratch's
+allocation, ``VerifySplitKV._alloc``) zeroes them once; what the kernel writes later is finite.
+Only the target's backend takes it (the draft's never verify), and only with the decode phase's
+CUDA graphs on.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from __future__ import annotations
 import functools
 import logging
 from typing import Callable, Optional
+
+from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
 
 from sglang_dynamic_eagle.config import load_config
 from sglang_dynamic_eagle.policy import ALGORITHM_NAME
@@ -50,18 +57,29 @@ def capped(kernel: Callable[..., bool], max_bs: int) -> Callable[..., bool]:
 
 
 def largest_speculative_graph(server_args) -> Optional[int]:
+    """The largest batch of the speculative graphs; None without decode-phase CUDA graphs."""
     graphs = getattr(getattr(server_args, "cuda_graph_config", None), "decode", None)
     sizes = getattr(graphs, "bs", None) or ()
-    if getattr(server_args, "disable_cuda_graph", False) or not sizes:
+    if (getattr(server_args, "disable_cuda_graph", False) or not sizes
+            or getattr(graphs, "backend", None) == Backend.DISABLED
+            or check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)):
         return None
     return max(sizes)
 
 
-def after_backend_init(result, backend, model_runner, *args, **kwargs):
+def zero_new_partials(result, scratch, *args, **kwargs):
+    """AFTER hook on ``VerifySplitKV._alloc``: its partial outputs start at zero (module docstring)."""
+    scratch.att_out.zero_()
+    return result
+
+
+def after_backend_init(result, backend, model_runner=None, *args, **kwargs):
     """AFTER hook on ``TritonAttnBackend.__init__``: see the module docstring. Other servers'
-    backends, trees and servers without speculative CUDA graphs are left as sglang built them."""
+    backends, the draft's, trees and servers without speculative CUDA graphs are left as sglang
+    built them."""
     server_args = getattr(model_runner, "server_args", None)
-    if not selects_algorithm(server_args) or not load_config().splitkv_verify:
+    if (not selects_algorithm(server_args) or not load_config().splitkv_verify
+            or getattr(model_runner, "is_draft_worker", False) or getattr(backend, "skip_prefill", False)):
         return result
     why_not = ("a tree (the kernel serves chains only)" if getattr(backend, "topk", 0) != 1 else
                "no speculative CUDA graphs" if largest_speculative_graph(server_args) is None else "")
@@ -74,3 +92,9 @@ def after_backend_init(result, backend, model_runner, *args, **kwargs):
     logger.info("%s: a verify's attention through sglang's split-KV kernel (up to %d requests).",
                 ALGORITHM_NAME, max_bs)
     return result
+
+
+def report(worker) -> dict:
+    """For /server_info: whether the target's attention backend verifies through the split kernel."""
+    runner = getattr(getattr(worker, "_target_worker", None), "model_runner", None)
+    return {"splitkv_verify": bool(getattr(getattr(runner, "attn_backend", None), "use_verify_splitkv", False))}

@@ -1,7 +1,8 @@
 """What EAGLE3_DYNAMIC adds to sglang's own reporting, as HookRegistry AFTER hooks (installed by
-``registry.install_hooks``): the worker's report under ``dynamic_eagle`` in
-``/server_info``, and on the periodic decode log line's schedule a log line of the counters and,
-with ``--enable-metrics``, their Prometheus export."""
+``registry.install_hooks``): the worker's report under ``dynamic_eagle`` in ``/server_info``
+(with the target's verify kernel on triton: ``triton_verify``), and on the periodic decode log
+line's schedule a log line of the counters and, with ``--enable-metrics``, their Prometheus
+export."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 from typing import Any
 
 from sglang_dynamic_eagle.policy import DecodeMode
+from sglang_dynamic_eagle.sglang_compat import triton_verify
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +27,7 @@ def add_report_to_internal_state(result, scheduler, *args, **kwargs):
     """AFTER hook on ``Scheduler.get_internal_state``."""
     worker = dynamic_worker(scheduler)
     if worker is not None:
-        result.internal_state["dynamic_eagle"] = worker.report()
+        result.internal_state["dynamic_eagle"] = {**worker.report(), **triton_verify.report(worker)}
     return result
 
 

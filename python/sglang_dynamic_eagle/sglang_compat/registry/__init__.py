@@ -77,6 +77,8 @@ HOOKS: Tuple[HookSpec, ...] = (
              prefill_tail_tokens.tail_tokens_without_sync, HookType.AROUND),
     HookSpec("sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
              triton_verify.after_backend_init, HookType.AFTER),
+    HookSpec("sglang.kernels.ops.attention.verify_splitkv.VerifySplitKV._alloc",
+             triton_verify.zero_new_partials, HookType.AFTER),
 )
 
 _installed = False

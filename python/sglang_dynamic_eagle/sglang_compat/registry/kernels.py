@@ -11,7 +11,7 @@ KERNEL_RELIANCES: Tuple[UpstreamReliance, ...] = (
         target="sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
         how="HookRegistry AFTER hook (triton_verify.after_backend_init): with "
         "SGLANG_DYNAMIC_EAGLE_SPLITKV_VERIFY=1, on an EAGLE3_DYNAMIC server with a chain and "
-        "speculative CUDA graphs, sets the backend's use_verify_splitkv and wraps its "
+        "decode-phase CUDA graphs, sets the target's backend's use_verify_splitkv and wraps its "
         "verify_splitkv_fwd (triton_verify.capped), before any graph is captured",
         why="sglang runs a verify's attention on triton with its prefill kernel, which walks each "
         "request's prefix serially; its split-KV verify kernel did the same work 2.4-4.7x faster "
@@ -21,6 +21,18 @@ KERNEL_RELIANCES: Tuple[UpstreamReliance, ...] = (
         code=("sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
               "sglang.kernels.ops.attention.verify_splitkv.verify_splitkv_fwd"),
         patched_by=("sglang_dynamic_eagle.sglang_compat.triton_verify.after_backend_init",),
+    ),
+    UpstreamReliance(
+        target="sglang.kernels.ops.attention.verify_splitkv.VerifySplitKV._alloc",
+        how="HookRegistry AFTER hook (triton_verify.zero_new_partials): the split-KV kernel's "
+        "fp32 partial outputs are zeroed once when allocated (torch.empty upstream)",
+        why="the kernel's second stage weighs every split's partial, those of splits without keys "
+        "by zero, and reads partials the first stage never wrote (a request shorter than 16 splits "
+        "of 32 keys); zero times a NaN or an infinity left in that memory is NaN",
+        drop_when="sglang zeroes the partials or skips splits without keys",
+        kind=HOOK,
+        code=("sglang.kernels.ops.attention.verify_splitkv.VerifySplitKV._alloc",),
+        patched_by=("sglang_dynamic_eagle.sglang_compat.triton_verify.zero_new_partials",),
     ),
     UpstreamReliance(
         target="TritonAttnBackend.use_verify_splitkv / verify_splitkv_fwd of each triton backend",
