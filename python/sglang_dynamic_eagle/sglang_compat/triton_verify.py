@@ -81,12 +81,11 @@ def after_backend_init(result, backend, model_runner=None, *args, **kwargs):
     if (not selects_algorithm(server_args) or not load_config().splitkv_verify
             or getattr(model_runner, "is_draft_worker", False) or getattr(backend, "skip_prefill", False)):
         return result
-    why_not = ("a tree (the kernel serves chains only)" if getattr(backend, "topk", 0) != 1 else
-               "no speculative CUDA graphs" if largest_speculative_graph(server_args) is None else "")
-    if why_not:
+    max_bs = largest_speculative_graph(server_args)
+    if getattr(backend, "topk", 0) != 1 or max_bs is None:
+        why_not = "a tree (the kernel serves chains only)" if max_bs else "no speculative CUDA graphs"
         logger.info("%s: a verify's attention stays on triton's prefill kernel (%s).", ALGORITHM_NAME, why_not)
         return result
-    max_bs = largest_speculative_graph(server_args)
     backend.use_verify_splitkv = True
     backend.verify_splitkv_fwd = capped(backend.verify_splitkv_fwd, max_bs)
     logger.info("%s: a verify's attention through sglang's split-KV kernel (up to %d requests).",

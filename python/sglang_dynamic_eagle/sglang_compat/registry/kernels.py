@@ -27,8 +27,8 @@ KERNEL_RELIANCES: Tuple[UpstreamReliance, ...] = (
         how="HookRegistry AFTER hook (triton_verify.zero_new_partials): the split-KV kernel's "
         "fp32 partial outputs are zeroed once when allocated (torch.empty upstream)",
         why="the kernel's second stage weighs every split's partial, those of splits without keys "
-        "by zero, and reads partials the first stage never wrote (a request shorter than 16 splits "
-        "of 32 keys); zero times a NaN or an infinity left in that memory is NaN",
+        "by zero, and reads partials the first stage never wrote (a request of fewer than 512 keys "
+        "leaves some of its 16 splits empty); zero times a NaN or an infinity left in that memory is NaN",
         drop_when="sglang zeroes the partials or skips splits without keys",
         kind=HOOK,
         code=("sglang.kernels.ops.attention.verify_splitkv.VerifySplitKV._alloc",),
