@@ -47,7 +47,7 @@ def verify_args(batch: int):
 
 
 def test_an_eagle3_dynamic_chain_on_triton_takes_the_split_kernel_capped_at_its_largest_graph(monkeypatch):
-    monkeypatch.setenv(SPLITKV_VERIFY_ENV, "1")
+    monkeypatch.delenv(SPLITKV_VERIFY_ENV, raising=False)  # the default
     chain = backend()
     kernel = chain.verify_splitkv_fwd
     runner = model_runner()
@@ -66,8 +66,7 @@ def test_an_eagle3_dynamic_chain_on_triton_takes_the_split_kernel_capped_at_its_
 
 
 @pytest.mark.parametrize("env,algorithm,topk,runner,skip_prefill", [
-    (None, "EAGLE3_DYNAMIC", 1, {}, False),  # opt-in: off unless asked for
-    ("0", "EAGLE3_DYNAMIC", 1, {}, False),
+    ("0", "EAGLE3_DYNAMIC", 1, {}, False),  # turned off
     ("1", "EAGLE3", 1, {}, False),  # sglang's own servers are left alone
     ("1", None, 1, {}, False),
     ("1", "EAGLE3_DYNAMIC", 4, {}, False),  # a tree: the kernel serves chains only
@@ -78,10 +77,7 @@ def test_an_eagle3_dynamic_chain_on_triton_takes_the_split_kernel_capped_at_its_
     ("1", "EAGLE3_DYNAMIC", 1, {}, True),  # a multi-step draft's per-step backend
 ])
 def test_other_servers_backends_stay_as_sglang_built_them(monkeypatch, env, algorithm, topk, runner, skip_prefill):
-    if env is None:
-        monkeypatch.delenv(SPLITKV_VERIFY_ENV, raising=False)
-    else:
-        monkeypatch.setenv(SPLITKV_VERIFY_ENV, env)
+    monkeypatch.setenv(SPLITKV_VERIFY_ENV, env)
     untouched = backend(topk, skip_prefill)
     kernel = untouched.verify_splitkv_fwd
     runner = model_runner(algorithm, **runner)

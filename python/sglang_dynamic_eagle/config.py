@@ -35,8 +35,9 @@ Environment variables (``ENVIRONMENT``), read where the server runs:
 * ``SGLANG_DYNAMIC_EAGLE_EARLY_FIRST_TOKEN`` (``1``, the default, or ``0``): a prefill's first
   token to the host before the draft's extend (``engine.early_first_token``); ``0`` keeps
   sglang's order;
-* ``SGLANG_DYNAMIC_EAGLE_SPLITKV_VERIFY`` (``0``, the default, or ``1``): on triton attention with
-  a chain, a verify's attention through sglang's split-KV kernel (``sglang_compat.triton_verify``).
+* ``SGLANG_DYNAMIC_EAGLE_SPLITKV_VERIFY`` (``1``, the default, or ``0``): on triton attention with
+  a chain, a verify's attention through sglang's split-KV kernel (``sglang_compat.triton_verify``);
+  ``0`` keeps sglang's prefill kernel.
 
 A bad value raises :class:`StartupError` with one line that names the flag or variable and the
 fix, before any GPU work (the launcher checks them all, and each scheduler process again).
@@ -86,7 +87,7 @@ class Config:
     trace_path: Optional[str] = None
     sync_check: bool = False
     early_first_token: bool = True
-    splitkv_verify: bool = False
+    splitkv_verify: bool = True
 
     @property
     def automatic(self) -> bool:
@@ -318,7 +319,7 @@ ENVIRONMENT: Tuple[EnvSpec, ...] = (
     EnvSpec("trace_path", TRACE_ENV, lambda raw: raw or None),
     EnvSpec("sync_check", SYNC_CHECK_ENV, lambda raw: raw == "1"),
     EnvSpec("early_first_token", EARLY_FIRST_TOKEN_ENV, _switch(EARLY_FIRST_TOKEN_ENV, True)),
-    EnvSpec("splitkv_verify", SPLITKV_VERIFY_ENV, _switch(SPLITKV_VERIFY_ENV, False)),
+    EnvSpec("splitkv_verify", SPLITKV_VERIFY_ENV, _switch(SPLITKV_VERIFY_ENV, True)),
 )
 
 

@@ -49,7 +49,7 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
     sampling tests' (EAGLE3_DYNAMIC whose plain steps sample greedily), the retraction test's
     (EAGLE3_DYNAMIC whose scheduler retracts requests on purpose) and the early first token's
     (sglang's order, a slow side stream, and one without the barrier's wait), and one whose verifies
-    run sglang's split-KV kernel. Those that the selected
+    keep sglang's prefill kernel (the others' chains take the split-KV kernel). Those that the selected
     tests name in their ``uses_servers`` markers start together before the first of them runs;
     any other starts when a test first uses it."""
     common, draft = tiny_pair_args(backends="sglang")
@@ -77,8 +77,8 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
                                             *FIXED_THRESHOLD_FLAGS],
         "tiny_dynamic_slow_side_no_barrier": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC",
                                                        *draft, *FIXED_THRESHOLD_FLAGS],
-        # A verify's attention through sglang's split-KV kernel (sglang_compat.triton_verify).
-        "tiny_dynamic_splitkv": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
+        # A verify's attention on sglang's prefill kernel, not the split-KV one (sglang_compat.triton_verify).
+        "tiny_dynamic_prefill_verify": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                           *FIXED_THRESHOLD_FLAGS],
         # The retraction test's: sglang's scheduler retracts a decoding request every third forward.
         "tiny_dynamic_retract": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
@@ -94,7 +94,7 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
         "tiny_dynamic_late_first_token": {EARLY_FIRST_TOKEN_ENV: "0"},
         "tiny_dynamic_slow_side": {"SGLANG_DE_TEST_SLOW_SIDE_STREAM": "slow"},
         "tiny_dynamic_slow_side_no_barrier": {"SGLANG_DE_TEST_SLOW_SIDE_STREAM": "slow-no-barrier"},
-        "tiny_dynamic_splitkv": {SPLITKV_VERIFY_ENV: "1"},
+        "tiny_dynamic_prefill_verify": {SPLITKV_VERIFY_ENV: "0"},
     }
     servers = LazyServers(specs, env=env, server_envs=server_envs)
     try:

@@ -1,4 +1,4 @@
-"""A verify's attention on triton through sglang's split-KV kernel (opt-in, not yet run in a server).
+"""A verify's attention on triton through sglang's split-KV kernel (on by default for chains).
 
 sglang 0.5.17's triton backend runs a speculative verify's attention with its prefill kernel
 (``extend_attention_fwd``), which walks each request's prefix serially per (request, head). It
@@ -8,11 +8,15 @@ its decode kernel does, for a chain, topk 1), but enables it on AMD gfx95 only. 
 tokens and 3.3-4.7x faster from 32 requests or 4,000 tokens up, its outputs within one bf16
 step of the prefill kernel's (``benchmark/results/2026-12-07-h100-triton-verify-attention-kernels``).
 That growth is most of what a triton speculative step adds per request, so it sets where
-speculation stops paying there and how long an arrival waits behind a speculative step.
+speculation stops paying there and how long an arrival waits behind a speculative step. In a
+server (H100, 8B-shaped pair, Poisson traffic, acceptance 3.0) TTFT p99 at 55% load read 1.07x
+plain's (1.42x on the prefill kernel, an earlier run) and throughput at an overload 1.15x (0.98x),
+with no token changed on the tiny pair in float32
+(``benchmark/results/2026-12-07-h100-dummy8b-triton-splitkv-verify-in-server``).
 
-With ``SGLANG_DYNAMIC_EAGLE_SPLITKV_VERIFY=1`` an EAGLE3_DYNAMIC server's triton backends take it
-for chains: :func:`after_backend_init` (an AFTER hook on ``TritonAttnBackend.__init__``, so before
-any graph is captured) sets the backend's ``use_verify_splitkv`` and caps the kernel's batch. The
+An EAGLE3_DYNAMIC server's triton backends take it for chains unless
+``SGLANG_DYNAMIC_EAGLE_SPLITKV_VERIFY=0``: :func:`after_backend_init` (an AFTER hook on
+``TritonAttnBackend.__init__``, so before any graph is captured) sets the backend's ``use_verify_splitkv`` and caps the kernel's batch. The
 kernel keeps fp32 partials for ``max_bs`` requests (32 heads x 16 splits x 4 rows x 128: 1 MiB a
 request at Llama-8B's shape) and reallocates them when a later call is larger, which a captured
 graph would not survive; sglang passes its request pool's size (thousands of requests here, with

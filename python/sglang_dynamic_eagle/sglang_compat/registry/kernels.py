@@ -9,13 +9,14 @@ from sglang_dynamic_eagle.sglang_compat.registry.reliance import ATTRIBUTE_SWAP,
 KERNEL_RELIANCES: Tuple[UpstreamReliance, ...] = (
     UpstreamReliance(
         target="sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
-        how="HookRegistry AFTER hook (triton_verify.after_backend_init): with "
-        "SGLANG_DYNAMIC_EAGLE_SPLITKV_VERIFY=1, on an EAGLE3_DYNAMIC server with a chain and "
+        how="HookRegistry AFTER hook (triton_verify.after_backend_init): unless "
+        "SGLANG_DYNAMIC_EAGLE_SPLITKV_VERIFY=0, on an EAGLE3_DYNAMIC server with a chain and "
         "decode-phase CUDA graphs, sets the target's backend's use_verify_splitkv and wraps its "
         "verify_splitkv_fwd (triton_verify.capped), before any graph is captured",
         why="sglang runs a verify's attention on triton with its prefill kernel, which walks each "
         "request's prefix serially; its split-KV verify kernel did the same work 2.4-4.7x faster "
-        "from 19 requests up on an H100 (2026-12-07), but sglang enables it on AMD gfx95 only",
+        "from 19 requests up on an H100 (2026-12-07), but sglang enables it on AMD gfx95 only; "
+        "in a server it took an overload's throughput to 1.15x plain's (acceptance 3.0)",
         drop_when="sglang enables the split-KV verify kernel on NVIDIA",
         kind=HOOK,
         code=("sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__",
