@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from sglang_dynamic_eagle.config import SPLITKV_VERIFY_ENV
+from sglang_dynamic_eagle.sglang_compat.startup_errors import StartupError
 from sglang_dynamic_eagle.sglang_compat import triton_verify
 
 
@@ -113,3 +114,24 @@ def test_the_kernels_partial_outputs_start_at_zero():
     weights[0] = 1.0
     assert torch.isnan((torch.full((16,), float("nan")) * weights).sum())
     assert (scratch.att_out[0, 0, :, 0, 0] * weights).sum() == 0
+
+
+def test_running_out_of_memory_for_the_scratch_is_refused_in_one_line_naming_the_ways_out():
+    """The scratch is allocated at the kernel's first call, in the warm-up before sglang captures
+    the verify's graphs. sglang turns a RuntimeError there (torch's OutOfMemoryError is one) into
+    its own message naming its flags only; the plugin's refusal is not a RuntimeError, so it
+    passes through with the switch that turns the kernel off."""
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 256.00 MiB\nmore detail")
+
+    verify = triton_verify.capped(out_of_memory, 256)
+    with pytest.raises(StartupError) as refused:
+        verify(*verify_args(4))
+    message = str(refused.value)
+    assert not isinstance(refused.value, RuntimeError)
+    assert "\n" not in message
+    assert f"{SPLITKV_VERIFY_ENV}=0" in message and "--mem-fraction-static" in message
+    assert "256 requests" in message and "Tried to allocate 256.00 MiB" in message
+    # A batch beyond the cap declines before any allocation.
+    assert verify(*verify_args(257)) is False

@@ -35,11 +35,13 @@ import functools
 import logging
 from typing import Callable, Optional
 
+import torch
 from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
 
-from sglang_dynamic_eagle.config import load_config
+from sglang_dynamic_eagle.config import SPLITKV_VERIFY_ENV, load_config
 from sglang_dynamic_eagle.policy import ALGORITHM_NAME
 from sglang_dynamic_eagle.sglang_compat.launcher import selects_algorithm
+from sglang_dynamic_eagle.sglang_compat.startup_errors import StartupError
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +50,24 @@ QO_INDPTR_ARG = 6  # verify_splitkv_fwd's positional arguments mirror extend_att
 
 def capped(kernel: Callable[..., bool], max_bs: int) -> Callable[..., bool]:
     """``kernel`` with its scratch sized for ``max_bs`` requests; a larger batch declines (False),
-    and the backend then runs its prefill kernel."""
+    and the backend then runs its prefill kernel. The scratch is allocated at its first call, in
+    the warm-up before sglang captures the verify's graphs, from the memory sglang's plan leaves
+    to activations: running out there is refused in one line that names the ways out (sglang's
+    own message, which this error passes through, names only its flags)."""
 
     @functools.wraps(kernel)
     def verify(*args, **kwargs) -> bool:
         if args[QO_INDPTR_ARG].shape[0] - 1 > max_bs:
             return False
         kwargs["max_bs"] = max_bs
-        return kernel(*args, **kwargs)
+        try:
+            return kernel(*args, **kwargs)
+        except torch.OutOfMemoryError as error:
+            raise StartupError(
+                f"{ALGORITHM_NAME}: out of GPU memory allocating sglang's split-KV verify scratch for "
+                f"{max_bs} requests (about 1 MiB a request on an 8B model); lower "
+                f"--mem-fraction-static or --cuda-graph-max-bs-decode, or set {SPLITKV_VERIFY_ENV}=0 for "
+                f"sglang's prefill kernel (torch: {str(error).splitlines()[0][:200]})") from None
 
     return verify
 
