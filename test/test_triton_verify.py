@@ -18,9 +18,9 @@ from sglang_dynamic_eagle.sglang_compat import triton_verify
 
 
 def model_runner(algorithm="EAGLE3_DYNAMIC", graphs=(1, 8, 64, 160), disable_cuda_graph=False,
-                 graph_backend="full", is_draft_worker=False):
+                 graph_backend="full", is_draft_worker=False, kv_cache_dtype=torch.bfloat16):
     decode = SimpleNamespace(bs=list(graphs), max_bs=256, backend=graph_backend)
-    return SimpleNamespace(is_draft_worker=is_draft_worker, server_args=SimpleNamespace(
+    return SimpleNamespace(is_draft_worker=is_draft_worker, kv_cache_dtype=kv_cache_dtype, server_args=SimpleNamespace(
         speculative_algorithm=algorithm, disable_cuda_graph=disable_cuda_graph,
         cuda_graph_config=SimpleNamespace(decode=decode)))
 
@@ -36,9 +36,13 @@ class Kernel:
         return True
 
 
-def backend(topk=1, skip_prefill=False):
+def backend(topk=1, skip_prefill=False, use_mla=False, layout="nhd", enable_deterministic=False,
+            dcp_size=1):
+    """As sglang's TritonAttnBackend.__init__ leaves the attributes the hook reads."""
     return SimpleNamespace(topk=topk, skip_prefill=skip_prefill, use_verify_splitkv=False,
-                           verify_splitkv_fwd=Kernel())
+                           verify_splitkv_fwd=Kernel(), use_mla=use_mla,
+                           token_to_kv_pool=SimpleNamespace(kv_cache_layout=layout),
+                           enable_deterministic=enable_deterministic, dcp_size=dcp_size)
 
 
 def verify_args(batch: int):
@@ -66,20 +70,26 @@ def test_an_eagle3_dynamic_chain_on_triton_takes_the_split_kernel_capped_at_its_
     assert kernel.calls == [(160, 160), (3, 160)]
 
 
-@pytest.mark.parametrize("env,algorithm,topk,runner,skip_prefill", [
-    ("0", "EAGLE3_DYNAMIC", 1, {}, False),  # turned off
-    ("1", "EAGLE3", 1, {}, False),  # sglang's own servers are left alone
-    ("1", None, 1, {}, False),
-    ("1", "EAGLE3_DYNAMIC", 4, {}, False),  # a tree: the kernel serves chains only
-    ("1", "EAGLE3_DYNAMIC", 1, {"graphs": ()}, False),  # no graph sizes to cap the scratch at
-    ("1", "EAGLE3_DYNAMIC", 1, {"disable_cuda_graph": True}, False),
-    ("1", "EAGLE3_DYNAMIC", 1, {"graph_backend": "disabled"}, False),  # decode graphs off
-    ("1", "EAGLE3_DYNAMIC", 1, {"is_draft_worker": True}, False),  # the draft never verifies
-    ("1", "EAGLE3_DYNAMIC", 1, {}, True),  # a multi-step draft's per-step backend
+@pytest.mark.parametrize("env,algorithm,topk,runner,built", [
+    ("0", "EAGLE3_DYNAMIC", 1, {}, {}),  # turned off
+    ("1", "EAGLE3", 1, {}, {}),  # sglang's own servers are left alone
+    ("1", None, 1, {}, {}),
+    ("1", "EAGLE3_DYNAMIC", 4, {}, {}),  # a tree: the kernel serves chains only
+    ("1", "EAGLE3_DYNAMIC", 1, {"graphs": ()}, {}),  # no graph sizes to cap the scratch at
+    ("1", "EAGLE3_DYNAMIC", 1, {"disable_cuda_graph": True}, {}),
+    ("1", "EAGLE3_DYNAMIC", 1, {"graph_backend": "disabled"}, {}),  # decode graphs off
+    ("1", "EAGLE3_DYNAMIC", 1, {"is_draft_worker": True}, {}),  # the draft never verifies
+    ("1", "EAGLE3_DYNAMIC", 1, {}, {"skip_prefill": True}),  # a multi-step draft's per-step backend
+    ("1", "EAGLE3_DYNAMIC", 1, {"kv_cache_dtype": torch.float8_e4m3fn}, {}),  # not run: its scales
+    ("1", "EAGLE3_DYNAMIC", 1, {"kv_cache_dtype": torch.uint8}, {}),
+    ("1", "EAGLE3_DYNAMIC", 1, {}, {"use_mla": True}),  # not run: 576-wide heads
+    ("1", "EAGLE3_DYNAMIC", 1, {}, {"layout": "hnd"}),  # not run: another KV layout
+    ("1", "EAGLE3_DYNAMIC", 1, {}, {"enable_deterministic": True}),  # sglang's own kernel then
+    ("1", "EAGLE3_DYNAMIC", 1, {}, {"dcp_size": 2}),
 ])
-def test_other_servers_backends_stay_as_sglang_built_them(monkeypatch, env, algorithm, topk, runner, skip_prefill):
+def test_other_servers_backends_stay_as_sglang_built_them(monkeypatch, env, algorithm, topk, runner, built):
     monkeypatch.setenv(SPLITKV_VERIFY_ENV, env)
-    untouched = backend(topk, skip_prefill)
+    untouched = backend(topk, **built)
     kernel = untouched.verify_splitkv_fwd
     runner = model_runner(algorithm, **runner)
     triton_verify.after_backend_init(None, untouched, runner)
@@ -135,3 +145,18 @@ def test_running_out_of_memory_for_the_scratch_is_refused_in_one_line_naming_the
     assert "256 requests" in message and "Tried to allocate 256.00 MiB" in message
     # A batch beyond the cap declines before any allocation.
     assert verify(*verify_args(257)) is False
+
+
+def test_sglangs_backend_sets_every_attribute_the_hook_reads():
+    """What left_on_the_prefill_kernel reads, as sglang 0.5.17's TritonAttnBackend.__init__ and
+    ModelRunner set it (a renamed attribute would read as its default and turn the kernel on)."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    init = inspect.getsource(TritonAttnBackend.__init__)
+    for attribute in ("topk", "use_mla", "enable_deterministic", "dcp_size", "token_to_kv_pool",
+                      "skip_prefill", "use_verify_splitkv", "verify_splitkv_fwd"):
+        assert f"self.{attribute} =" in init, attribute
+    assert "self.kv_cache_layout = " in inspect.getsource(MHATokenToKVPool)
+    assert "self.kv_cache_dtype" in inspect.getsource(ModelRunner.configure_kv_cache_dtype)

@@ -25,8 +25,12 @@ batch (an eager verify) takes the prefill kernel. Its second stage weighs every 
 output, those of splits that had no keys by zero, so a partial never written must not hold a NaN
 or an infinity (zero times either is NaN): :func:`zero_new_partials` (an AFTER hook on the scratch's
 allocation, ``VerifySplitKV._alloc``) zeroes them once; what the kernel writes later is finite.
-Only the target's backend takes it (the draft's never verify), and only with the decode phase's
-CUDA graphs on.
+Only the target's backend takes it (the draft's never verify), only with the decode phase's
+CUDA graphs on, and only where it was run (:func:`left_on_the_prefill_kernel`). One hazard is
+left: the kernel rewrites only the partials of splits that hold keys, so a NaN or an infinity
+one request's attention wrote (NaN activations) stays in its row until a later request there
+writes that split, and a shorter request in that row reads it as 0 x NaN; closing it needs a
+change to the kernel, and the prefill kernel has no such path.
 """
 
 from __future__ import annotations
@@ -89,17 +93,41 @@ def zero_new_partials(result, scratch, *args, **kwargs):
     return result
 
 
+FULL_PRECISION_KV = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def left_on_the_prefill_kernel(backend, model_runner, max_bs: Optional[int]) -> Optional[str]:
+    """Why the target's backend keeps sglang's prefill kernel for a verify, or None. The kernel
+    was run lossless only on token-major, full-precision KV of a GQA model: an MLA model (its
+    576-wide heads and 128 KiB a head of scratch), a quantised KV cache (its scales) and other
+    KV layouts pass sglang's shape checks without having been run, so they stay on the kernel
+    sglang chose; deterministic inference and decode context parallelism never reach it."""
+    if getattr(backend, "topk", 0) != 1:
+        return "a tree (the kernel serves chains only)"
+    if max_bs is None:
+        return "no speculative CUDA graphs"
+    if getattr(backend, "use_mla", False):
+        return "an MLA model, where it has not been run"
+    if getattr(model_runner, "kv_cache_dtype", torch.bfloat16) not in FULL_PRECISION_KV:
+        return "a quantised KV cache, where it has not been run"
+    if getattr(getattr(backend, "token_to_kv_pool", None), "kv_cache_layout", "nhd") != "nhd":
+        return "a KV layout other than token-major, where it has not been run"
+    if getattr(backend, "enable_deterministic", False) or getattr(backend, "dcp_size", 1) > 1:
+        return "deterministic inference or decode context parallelism take their own kernels"
+    return None
+
+
 def after_backend_init(result, backend, model_runner=None, *args, **kwargs):
     """AFTER hook on ``TritonAttnBackend.__init__``: see the module docstring. Other servers'
-    backends, the draft's, trees and servers without speculative CUDA graphs are left as sglang
-    built them."""
+    backends and the draft's are left as sglang built them, and so is the target's where
+    :func:`left_on_the_prefill_kernel` gives a reason (logged)."""
     server_args = getattr(model_runner, "server_args", None)
     if (not selects_algorithm(server_args) or not load_config().splitkv_verify
             or getattr(model_runner, "is_draft_worker", False) or getattr(backend, "skip_prefill", False)):
         return result
     max_bs = largest_speculative_graph(server_args)
-    if getattr(backend, "topk", 0) != 1 or max_bs is None:
-        why_not = "a tree (the kernel serves chains only)" if max_bs else "no speculative CUDA graphs"
+    why_not = left_on_the_prefill_kernel(backend, model_runner, max_bs)
+    if why_not is not None:
         logger.info("%s: a verify's attention stays on triton's prefill kernel (%s).", ALGORITHM_NAME, why_not)
         return result
     backend.use_verify_splitkv = True

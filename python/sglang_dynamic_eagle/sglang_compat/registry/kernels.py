@@ -12,7 +12,9 @@ KERNEL_RELIANCES: Tuple[UpstreamReliance, ...] = (
         how="HookRegistry AFTER hook (triton_verify.after_backend_init): unless "
         "SGLANG_DYNAMIC_EAGLE_SPLITKV_VERIFY=0, on an EAGLE3_DYNAMIC server with a chain and "
         "decode-phase CUDA graphs, sets the target's backend's use_verify_splitkv and wraps its "
-        "verify_splitkv_fwd (triton_verify.capped), before any graph is captured",
+        "verify_splitkv_fwd (triton_verify.capped), before any graph is captured; it reads the "
+        "backend's topk, use_mla, enable_deterministic, dcp_size and token_to_kv_pool's "
+        "kv_cache_layout, and the model runner's kv_cache_dtype, to leave where it was not run",
         why="sglang runs a verify's attention on triton with its prefill kernel, which walks each "
         "request's prefix serially; its split-KV verify kernel did the same work 2.4-4.7x faster "
         "from 19 requests up on an H100 (2026-12-07), but sglang enables it on AMD gfx95 only; "
