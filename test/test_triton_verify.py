@@ -160,3 +160,20 @@ def test_sglangs_backend_sets_every_attribute_the_hook_reads():
         assert f"self.{attribute} =" in init, attribute
     assert "self.kv_cache_layout = " in inspect.getsource(MHATokenToKVPool)
     assert "self.kv_cache_dtype" in inspect.getsource(ModelRunner.configure_kv_cache_dtype)
+
+
+def test_running_out_of_memory_after_the_warm_up_declines_to_the_prefill_kernel():
+    """Once the scratch exists, a later allocation (an eager verify at another split count) that
+    runs out of memory must not take the server down: that verify takes the prefill kernel."""
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append(kwargs["max_bs"])
+        if len(calls) > 1:
+            raise torch.OutOfMemoryError("")  # an empty message too
+        return True
+
+    verify = triton_verify.capped(kernel, 64)
+    assert verify(*verify_args(8)) is True
+    assert verify(*verify_args(8)) is False
+    assert calls == [64, 64]

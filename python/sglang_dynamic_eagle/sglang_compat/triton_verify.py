@@ -9,9 +9,9 @@ tokens and 3.3-4.7x faster from 32 requests or 4,000 tokens up, its outputs with
 step of the prefill kernel's (``benchmark/results/2026-12-07-h100-triton-verify-attention-kernels``).
 That growth is most of what a triton speculative step adds per request, so it sets where
 speculation stops paying there and how long an arrival waits behind a speculative step. In a
-server (H100, 8B-shaped pair, Poisson traffic, acceptance 3.0) TTFT p99 at 55% load read 1.07x
-plain's (1.42x on the prefill kernel, an earlier run) and throughput at an overload 1.15x (0.98x),
-with no token changed on the tiny pair in float32
+server (H100, 8B-shaped pair, Poisson traffic) TTFT p99 at 55% load read 1.07x plain's at
+acceptance 3.0 (1.42x on the prefill kernel, a separate run) and throughput at an overload 1.15x
+at acceptance 3.0 (0.98x at 1.6), with no token changed on the tiny pair in float32
 (``benchmark/results/2026-12-07-h100-dummy8b-triton-splitkv-verify-in-server``).
 
 An EAGLE3_DYNAMIC server's triton backends take it for chains unless
@@ -54,24 +54,35 @@ QO_INDPTR_ARG = 6  # verify_splitkv_fwd's positional arguments mirror extend_att
 
 def capped(kernel: Callable[..., bool], max_bs: int) -> Callable[..., bool]:
     """``kernel`` with its scratch sized for ``max_bs`` requests; a larger batch declines (False),
-    and the backend then runs its prefill kernel. The scratch is allocated at its first call, in
+    and the backend then runs its prefill kernel. The scratch is allocated at the first call, in
     the warm-up before sglang captures the verify's graphs, from the memory sglang's plan leaves
     to activations: running out there is refused in one line that names the ways out (sglang's
-    own message, which this error passes through, names only its flags)."""
+    own message, which this error passes through, names only its flags). Running out later (an
+    eager verify whose split count needs another copy) declines instead, once logged: the prefill
+    kernel serves that verify and the server keeps serving."""
+    started = False
 
     @functools.wraps(kernel)
     def verify(*args, **kwargs) -> bool:
+        nonlocal started
         if args[QO_INDPTR_ARG].shape[0] - 1 > max_bs:
             return False
         kwargs["max_bs"] = max_bs
         try:
-            return kernel(*args, **kwargs)
+            served = kernel(*args, **kwargs)
         except torch.OutOfMemoryError as error:
+            torch_says = (str(error).splitlines() or [""])[0][:200]
+            if started:
+                logger.warning("%s: out of GPU memory for sglang's split-KV verify scratch; this "
+                               "verify takes the prefill kernel (torch: %s)", ALGORITHM_NAME, torch_says)
+                return False
             raise StartupError(
                 f"{ALGORITHM_NAME}: out of GPU memory allocating sglang's split-KV verify scratch for "
                 f"{max_bs} requests (about 1 MiB a request on an 8B model); lower "
                 f"--mem-fraction-static or --cuda-graph-max-bs-decode, or set {SPLITKV_VERIFY_ENV}=0 for "
-                f"sglang's prefill kernel (torch: {str(error).splitlines()[0][:200]})") from None
+                f"sglang's prefill kernel (torch: {torch_says})") from None
+        started = True
+        return served
 
     return verify
 
