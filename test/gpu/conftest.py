@@ -48,8 +48,9 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
     catch-up test's negative control (EAGLE3_DYNAMIC with a catch-up window of 1), the
     sampling tests' (EAGLE3_DYNAMIC whose plain steps sample greedily), the retraction test's
     (EAGLE3_DYNAMIC whose scheduler retracts requests on purpose) and the early first token's
-    (sglang's order, a slow side stream, and one without the barrier's wait), and one whose verifies
-    keep sglang's prefill kernel (the others' chains take the split-KV kernel). Those that the selected
+    (sglang's order, a slow side stream, and one without the barrier's wait), one that always
+    speculates (its verifies batch up to 32 requests through the split-KV kernel, which every
+    chain here takes) and one whose verifies keep sglang's prefill kernel. Those that the selected
     tests name in their ``uses_servers`` markers start together before the first of them runs;
     any other starts when a test first uses it."""
     common, draft = tiny_pair_args(backends="sglang")
@@ -77,7 +78,10 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
                                             *FIXED_THRESHOLD_FLAGS],
         "tiny_dynamic_slow_side_no_barrier": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC",
                                                        *draft, *FIXED_THRESHOLD_FLAGS],
-        # A verify's attention on sglang's prefill kernel, not the split-KV one (sglang_compat.triton_verify).
+        # The split-KV verify at larger batches (it speculates at every batch its graphs cover), and
+        # a verify's attention on sglang's prefill kernel instead (sglang_compat.triton_verify).
+        "tiny_dynamic_always": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
+                                         "--speculative-disable-batch-threshold", "0"],
         "tiny_dynamic_prefill_verify": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                           *FIXED_THRESHOLD_FLAGS],
         # The retraction test's: sglang's scheduler retracts a decoding request every third forward.

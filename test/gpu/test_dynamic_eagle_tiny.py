@@ -439,28 +439,37 @@ def test_first_token_before_the_draft_prefill_changes_no_token_and_no_draft(tiny
     assert control != (0, 0), "negative control"
 
 
-@pytest.mark.uses_servers("tiny_plain", "tiny_dynamic", "tiny_dynamic_prefill_verify")
+SPLIT_KV_CONCURRENCY = 16
+
+
+@pytest.mark.uses_servers("tiny_plain", "tiny_dynamic", "tiny_dynamic_always", "tiny_dynamic_prefill_verify")
 def test_a_verify_through_the_split_kv_kernel_changes_no_token(tiny_servers, eval_set):
     """sglang's split-KV verify kernel, which a chain on triton takes by default
-    (``sglang_compat.triton_verify``; the tiny pair runs triton in float32): one at a time and in
-    waves, its tokens equal plain decoding's but for ties, and one at a time it verifies as often as
-    a server on sglang's prefill kernel (``SGLANG_DYNAMIC_EAGLE_SPLITKV_VERIFY=0``), within 2% (the
-    two kernels round differently). Their reports must say the default server's target backend took
-    the split kernel and the other's did not."""
+    (``sglang_compat.triton_verify``; the tiny pair runs triton in float32): one at a time, and 16
+    at a time on a server that speculates at every batch (verifies of up to 16 requests of
+    different lengths, where each request's splits are clamped to its own prefix), its tokens
+    equal plain decoding's but for ties; one at a time it verifies as often as a server on
+    sglang's prefill kernel (``SGLANG_DYNAMIC_EAGLE_SPLITKV_VERIFY=0``), within 2% (the two kernels
+    round differently). The reports must say the chains' target backends took the split kernel
+    and the other's did not."""
     prompts, max_new = eval_set["prompts"], eval_set["max_new_tokens"]
     plain, splitkv = tiny_servers["tiny_plain"], tiny_servers["tiny_dynamic"]
-    prefill_kernel = tiny_servers["tiny_dynamic_prefill_verify"]
+    always, prefill_kernel = tiny_servers["tiny_dynamic_always"], tiny_servers["tiny_dynamic_prefill_verify"]
     lengths = [max_new] * len(prompts)
     expected = send(plain, prompts, lengths, 1, top_logprobs_num=TOP_LOGPROBS)
     alone_outputs = send(splitkv, prompts, lengths, 1)
     alone = compare_outputs(alone_outputs, expected, None)
-    waves = compare_outputs(send_in_waves(splitkv, prompts, lengths), expected, None)
+    together = compare_outputs(send(always, prompts, lengths, SPLIT_KV_CONCURRENCY), expected, None)
     verifies = sum(o["meta_info"]["spec_verify_ct"] for o in alone_outputs)
     reference = sum(o["meta_info"]["spec_verify_ct"] for o in send(prefill_kernel, prompts, lengths, 1))
-    reported = tuple(server.dynamic_counters()["splitkv_verify"] for server in (splitkv, prefill_kernel))
-    print(f"split-KV verify, {len(prompts)} requests against plain: one at a time {alone.summary()}; in "
-          f"waves {waves.summary()}; verifies {verifies} against {reference} on the prefill kernel; "
-          f"the target's backend on the split kernel (the default server, SPLITKV_VERIFY=0) {reported}")
-    assert reported == (True, False)
-    assert not alone.failures and not waves.failures
+    counters = always.dynamic_counters()
+    reported = tuple(server.dynamic_counters()["splitkv_verify"] for server in (splitkv, always, prefill_kernel))
+    print(f"split-KV verify, {len(prompts)} requests against plain: one at a time {alone.summary()}; "
+          f"{SPLIT_KV_CONCURRENCY} at a time {together.summary()} (largest speculative batch "
+          f"{counters['max_speculative_batch']}); verifies {verifies} against {reference} on the "
+          f"prefill kernel; the target's backend on the split kernel (the default server, the "
+          f"always-speculating one, SPLITKV_VERIFY=0) {reported}")
+    assert reported == (True, True, False)
+    assert counters["max_speculative_batch"] > 2
+    assert not alone.failures and not together.failures
     assert abs(verifies - reference) <= 0.02 * reference
