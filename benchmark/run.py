@@ -73,7 +73,7 @@ def start_group(plan: argparse.Namespace, group: tuple[str, ...], document: dict
     launched, record = {}, document["configs"]
 
     def failed(name: str, error: server.ServerError) -> None:  # recorded and stopped (no GPU memory held)
-        if group[1:] and re.search(r"OutOfMemory|CUDA.{,8}out of memory|of GPU memory|Not enough memory", str(error)):
+        if group[1:] and re.search(r"OutOfMemory|CUDA.{,8}out of memory|(of|no) GPU memory|Not enough memory", str(error)):
             error = type(error)(f"{error}\n[{name}] out of GPU memory beside other servers: try --schedule sequential")
         record[name].update(status="failed_to_start", error=str(error))
         if name in served:

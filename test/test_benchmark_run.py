@@ -261,12 +261,15 @@ def test_a_server_that_does_not_start_is_recorded_and_the_others_run(fakes, monk
 TORCH_OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1024.00 MiB."
 PLUGIN_OOM = "StartupError: EAGLE3_DYNAMIC: out of GPU memory allocating the draft catch-up stash (1024 MiB) ..."
 SGLANG_OOM = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
+SGLANG_NO_POOL = ("ValueError: Loaded weights leave no GPU memory for the KV cache under "  # H100, 2026-12-07
+                  "--mem-fraction-static=0.85. Raise --mem-fraction-static above 0.965")
 POOL_FULL = "RuntimeError: Prefill out of memory. Try to lower your batch size."  # the KV pool, not the GPU
 
 
 @pytest.mark.parametrize("configs, message, hint", [
     ("plain,eagle3,dynamic", TORCH_OOM, True), ("plain,eagle3,dynamic", PLUGIN_OOM, True),
-    ("plain,eagle3,dynamic", SGLANG_OOM, True), ("plain,eagle3,dynamic", POOL_FULL, False), ("eagle3", TORCH_OOM, False)])
+    ("plain,eagle3,dynamic", SGLANG_OOM, True), ("plain,eagle3,dynamic", SGLANG_NO_POOL, True),
+    ("plain,eagle3,dynamic", POOL_FULL, False), ("eagle3", TORCH_OOM, False)])
 def test_a_server_out_of_gpu_memory_beside_others_is_told_to_run_alone(fakes, monkeypatch, configs, message, hint):
     """Three 8B-shaped servers do not fit an 80 GB GPU (H100, 2026-12-05): the one that runs out of
     GPU memory beside the others is recorded with the way out; a full KV pool or a server alone
