@@ -82,6 +82,7 @@ def test_an_eagle3_dynamic_chain_on_triton_takes_the_split_kernel_capped_at_its_
     ("1", "EAGLE3_DYNAMIC", 1, {}, {"skip_prefill": True}),  # a multi-step draft's per-step backend
     ("1", "EAGLE3_DYNAMIC", 1, {"kv_cache_dtype": torch.float8_e4m3fn}, {}),  # not run: its scales
     ("1", "EAGLE3_DYNAMIC", 1, {"kv_cache_dtype": torch.uint8}, {}),
+    ("1", "EAGLE3_DYNAMIC", 1, {"kv_cache_dtype": torch.float16}, {}),  # not run; inf likelier
     ("1", "EAGLE3_DYNAMIC", 1, {}, {"use_mla": True}),  # not run: 576-wide heads
     ("1", "EAGLE3_DYNAMIC", 1, {}, {"layout": "hnd"}),  # not run: another KV layout
     ("1", "EAGLE3_DYNAMIC", 1, {}, {"enable_deterministic": True}),  # sglang's own kernel then

@@ -104,23 +104,24 @@ def zero_new_partials(result, scratch, *args, **kwargs):
     return result
 
 
-FULL_PRECISION_KV = (torch.bfloat16, torch.float16, torch.float32)
+RUN_KV_DTYPES = (torch.bfloat16, torch.float32)  # bf16 on the 8B shape, float32 on the tiny pair
 
 
 def left_on_the_prefill_kernel(backend, model_runner, max_bs: Optional[int]) -> Optional[str]:
     """Why the target's backend keeps sglang's prefill kernel for a verify, or None. The kernel
-    was run lossless only on token-major, full-precision KV of a GQA model: an MLA model (its
-    576-wide heads and 128 KiB a head of scratch), a quantised KV cache (its scales) and other
-    KV layouts pass sglang's shape checks without having been run, so they stay on the kernel
-    sglang chose; deterministic inference and decode context parallelism never reach it."""
+    was run only on token-major bf16 and float32 KV of a GQA model: an MLA model (its 576-wide
+    heads and 128 KiB a head of scratch), a float16 KV cache (where an overflow to infinity is
+    likelier, and would stay in the partials, module docstring), a quantised one (its scales) and
+    other KV layouts pass sglang's shape checks without having been run, so they stay on the
+    kernel sglang chose; deterministic inference and decode context parallelism never reach it."""
     if getattr(backend, "topk", 0) != 1:
         return "a tree (the kernel serves chains only)"
     if max_bs is None:
         return "no speculative CUDA graphs"
     if getattr(backend, "use_mla", False):
         return "an MLA model, where it has not been run"
-    if getattr(model_runner, "kv_cache_dtype", torch.bfloat16) not in FULL_PRECISION_KV:
-        return "a quantised KV cache, where it has not been run"
+    if getattr(model_runner, "kv_cache_dtype", torch.bfloat16) not in RUN_KV_DTYPES:
+        return "a float16 or quantised KV cache, where it has not been run"
     if getattr(getattr(backend, "token_to_kv_pool", None), "kv_cache_layout", "nhd") != "nhd":
         return "a KV layout other than token-major, where it has not been run"
     if getattr(backend, "enable_deterministic", False) or getattr(backend, "dcp_size", 1) > 1:
