@@ -83,7 +83,7 @@ def tiny_servers(request: pytest.FixtureRequest) -> Iterator[LazyServers]:
         "tiny_dynamic_always": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                          "--speculative-disable-batch-threshold", "0"],
         "tiny_dynamic_prefill_verify": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
-                                          *FIXED_THRESHOLD_FLAGS],
+                                                 *FIXED_THRESHOLD_FLAGS],
         # The retraction test's: sglang's scheduler retracts a decoding request every third forward.
         "tiny_dynamic_retract": common + ["--speculative-algorithm", "EAGLE3_DYNAMIC", *draft,
                                           *FIXED_THRESHOLD_FLAGS],

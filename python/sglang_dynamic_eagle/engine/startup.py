@@ -9,9 +9,8 @@ identical on every tensor-parallel rank (the slowest rank's).
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
@@ -43,7 +42,7 @@ from sglang_dynamic_eagle.policy import (
     ThresholdPolicyConfig,
 )
 from sglang_dynamic_eagle.policy.throughput import ThroughputPolicyConfig, new_throughput_policy
-from sglang_dynamic_eagle.sglang_compat.startup_errors import StartupError
+from sglang_dynamic_eagle.sglang_compat.startup_errors import refused_if_out_of_memory
 
 logger = logging.getLogger(__name__)
 MODES = (DecodeMode.PLAIN, DecodeMode.SPECULATIVE)
@@ -135,26 +134,6 @@ def speculative_graph_max_bs(worker, config: Config) -> int:
         return min(captured)
     decode = worker.server_args.cuda_graph_config.decode
     return config.speculative_graph_max_bs(decode.max_bs or max(decode.bs))
-
-
-@contextmanager
-def refused_if_out_of_memory(what: str, other_fix: str) -> Iterator[None]:
-    """GPU memory running out while building ``what`` becomes a one-line StartupError. These
-    parts are allocated after sglang has sized its KV pool and captured its graphs, from the
-    memory its ``--mem-fraction-static`` leaves to activations: with several servers on one
-    GPU, or a fraction tuned for EAGLE3 alone, that can be too little."""
-    try:
-        yield
-    except torch.OutOfMemoryError as error:
-        try:
-            free = f"{torch.cuda.mem_get_info()[0] / 2**20:.0f} MiB free; "
-        except Exception:  # no CUDA here, or a context the failure left unusable
-            free = ""
-        torch_says = str(error).split("\n")[0][:300]  # who holds the memory, on a shared GPU
-        raise StartupError(
-            f"EAGLE3_DYNAMIC: out of GPU memory allocating {what} after sglang's KV pool and "
-            f"CUDA graphs; lower --mem-fraction-static or --max-total-tokens, {other_fix} "
-            f"({free}torch: {torch_says})") from None
 
 
 def new_catchup(worker, config: Config) -> DraftCatchup:

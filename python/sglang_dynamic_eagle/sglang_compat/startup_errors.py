@@ -15,8 +15,9 @@ selects EAGLE3_DYNAMIC (or gives one of its flags); loading the plugin does not 
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from types import TracebackType
-from typing import Callable, Optional, Type
+from typing import Callable, Iterator, Optional, Type
 
 ExceptHook = Callable[[Type[BaseException], BaseException, Optional[TracebackType]], None]
 
@@ -41,3 +42,26 @@ def install_excepthook() -> None:
     if getattr(sys.excepthook, "prints_startup_errors", False):
         return
     sys.excepthook = one_line_excepthook(sys.excepthook)
+
+
+@contextmanager
+def refused_if_out_of_memory(what: str, other_fix: str) -> Iterator[None]:
+    """GPU memory running out while building ``what`` becomes a one-line StartupError. The
+    worker's own parts (the catch-up stash, the plain-decode graphs) and the split-KV verify's
+    scratch are allocated after sglang has sized its KV pool, from the memory its
+    ``--mem-fraction-static`` leaves to activations: with several servers on one GPU, or a
+    fraction tuned for EAGLE3 alone, that can be too little."""
+    import torch  # the launcher imports this module without needing torch
+
+    try:
+        yield
+    except torch.OutOfMemoryError as error:
+        try:
+            free = f"{torch.cuda.mem_get_info()[0] / 2**20:.0f} MiB free; "
+        except Exception:  # no CUDA here, or a context the failure left unusable
+            free = ""
+        torch_says = (str(error).splitlines() or [""])[0][:300]  # who holds the memory, on a shared GPU
+        raise StartupError(
+            f"EAGLE3_DYNAMIC: out of GPU memory allocating {what} after sglang sized its KV pool; "
+            f"lower --mem-fraction-static or --max-total-tokens, {other_fix} "
+            f"({free}torch: {torch_says})") from None

@@ -16,9 +16,9 @@ at acceptance 3.0 (0.98x at 1.6), with no token changed on the tiny pair in floa
 
 An EAGLE3_DYNAMIC server's triton backends take it for chains unless
 ``SGLANG_DYNAMIC_EAGLE_SPLITKV_VERIFY=0``: :func:`after_backend_init` (an AFTER hook on
-``TritonAttnBackend.__init__``, so before any graph is captured) sets the backend's ``use_verify_splitkv`` and caps the kernel's batch. The
-kernel keeps fp32 partials for ``max_bs`` requests (32 heads x 16 splits x 4 rows x 128: 1 MiB a
-request at Llama-8B's shape) and reallocates them when a later call is larger, which a captured
+``TritonAttnBackend.__init__``, so before any graph is captured) sets the backend's
+``use_verify_splitkv`` and caps the kernel's batch. The kernel keeps fp32 partials for
+``max_bs`` requests (32 heads x 16 splits x 4 rows x 128: 1 MiB a request at Llama-8B's shape) and reallocates them when a later call is larger, which a captured
 graph would not survive; sglang passes its request pool's size (thousands of requests here, with
 no cap of 48). :func:`capped` passes the largest speculative graph's batch instead, and a larger
 batch (an eager verify) takes the prefill kernel. Its second stage weighs every split's partial
@@ -45,7 +45,7 @@ from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cu
 from sglang_dynamic_eagle.config import SPLITKV_VERIFY_ENV, load_config
 from sglang_dynamic_eagle.policy import ALGORITHM_NAME
 from sglang_dynamic_eagle.sglang_compat.launcher import selects_algorithm
-from sglang_dynamic_eagle.sglang_compat.startup_errors import StartupError
+from sglang_dynamic_eagle.sglang_compat.startup_errors import refused_if_out_of_memory
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def capped(kernel: Callable[..., bool], max_bs: int) -> Callable[..., bool]:
     the warm-up before sglang captures the verify's graphs, from the memory sglang's plan leaves
     to activations: running out there is refused in one line that names the ways out (sglang's
     own message, which this error passes through, names only its flags). Running out later (an
-    eager verify whose split count needs another copy) declines instead, once logged: the prefill
+    eager verify whose split count needs another copy) declines instead, logged: the prefill
     kernel serves that verify and the server keeps serving."""
     started = False
 
@@ -68,19 +68,19 @@ def capped(kernel: Callable[..., bool], max_bs: int) -> Callable[..., bool]:
         if args[QO_INDPTR_ARG].shape[0] - 1 > max_bs:
             return False
         kwargs["max_bs"] = max_bs
-        try:
-            served = kernel(*args, **kwargs)
-        except torch.OutOfMemoryError as error:
-            torch_says = (str(error).splitlines() or [""])[0][:200]
-            if started:
-                logger.warning("%s: out of GPU memory for sglang's split-KV verify scratch; this "
-                               "verify takes the prefill kernel (torch: %s)", ALGORITHM_NAME, torch_says)
+        if started:
+            try:
+                return kernel(*args, **kwargs)
+            except torch.OutOfMemoryError as error:
+                logger.warning("%s: out of GPU memory for sglang's split-KV verify scratch; this verify "
+                               "takes the prefill kernel (torch: %s)", ALGORITHM_NAME,
+                               (str(error).splitlines() or [""])[0][:200])
                 return False
-            raise StartupError(
-                f"{ALGORITHM_NAME}: out of GPU memory allocating sglang's split-KV verify scratch for "
-                f"{max_bs} requests (about 1 MiB a request on an 8B model); lower "
-                f"--mem-fraction-static or --cuda-graph-max-bs-decode, or set {SPLITKV_VERIFY_ENV}=0 for "
-                f"sglang's prefill kernel (torch: {torch_says})") from None
+        with refused_if_out_of_memory(f"sglang's split-KV verify scratch for {max_bs} requests (about "
+                                      "1 MiB a request on an 8B model)",
+                                      f"--cuda-graph-max-bs-decode, or set {SPLITKV_VERIFY_ENV}=0 for "
+                                      "sglang's prefill kernel"):
+            served = kernel(*args, **kwargs)
         started = True
         return served
 
