@@ -417,10 +417,10 @@ def reference_flip_count(reference, prompts: Sequence[Dict], wave_size: int, exp
     batch depends on when they arrive, and the batch's shape moves bf16 near-ties: EAGLE3 on fa3
     with prefill graphs gave 16, then 8 in two runs, and 10, then 24 in two passes of one run)."""
     outputs = send_cold(reference, prompts, wave_size)
-    counts = [len(compare_outputs(outputs, expected, flip_margin).flips)]
+    first = compare_outputs(outputs, expected, flip_margin)
     again = compare_outputs(send_cold(reference, prompts, wave_size), expected, flip_margin)
-    counts.append(len(again.flips))
-    print(f"{label}: {reference.name} against plain: bf16 flips {counts[0]}, again {counts[1]}")
+    counts = [len(first.flips), len(again.flips)]
+    print(f"{label}: {reference.name} against plain: {first.summary()}; again {again.summary()}")
     return outputs, max(counts)
 
 
