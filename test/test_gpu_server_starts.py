@@ -185,3 +185,6 @@ def test_the_reference_is_held_at_the_worse_of_two_cold_passes(monkeypatch):
 class SimpleFlips:
     def __init__(self, flips) -> None:
         self.flips = flips
+
+    def summary(self) -> str:
+        return f"bf16 flips {len(self.flips)}"
