@@ -55,7 +55,7 @@ def test_interleaved_end_to_end(fakes):
     assert source["git_commit"] == "abc" and "run.py run" in source["command_line"] and source["created"]
     names = ["plain", "eagle3", "dynamic"]
     commands = {name: flag_values(document["configs"][name]["server_command"]) for name in names}
-    assert [commands[n]["--mem-fraction-static"] for n in names] == [("0.35",), ("0.60",), ("0.85",)]
+    assert [commands[n]["--mem-fraction-static"] for n in names] == [("0.28",), ("0.57",), ("0.85",)]
     assert all(document["configs"][n]["kv_tokens"] == run.SHARED_GPU_MAX_TOTAL_TOKENS for n in names)
     envs = {name: document["configs"][name]["server_env"] for name in names}
     assert envs["dynamic"][run.TRACE_ENV] == str(out.resolve() / "dynamic_trace.jsonl")
@@ -333,7 +333,7 @@ def test_group_commands_share_every_flag_but_speculative_and_memory_ones(tmp_pat
     commands = run.group_commands(plan, plan.names)
     assert [port for _, port, _, _ in commands] == [30000, 30001, 30002, 30003]
     flags = [flag_values(command) for _, _, command, _ in commands]
-    assert [f["--mem-fraction-static"] for f in flags] == [("0.35",), ("0.52",), ("0.68",), ("0.85",)]
+    assert [f["--mem-fraction-static"] for f in flags] == [("0.21",), ("0.42",), ("0.64",), ("0.85",)]
     assert {f["--max-total-tokens"] for f in flags} == {("80000",)}
     shared = [{k: v for k, v in f.items() if not k.startswith("--speculative-") and k not in (
         "--port", "--mem-fraction-static")} for f in flags]
