@@ -18,9 +18,7 @@ FIXED_THRESHOLD_ARGS = ("--speculative-disable-batch-threshold", "24", "--specul
                         "--speculative-switch-patience", "4")
 # sglang picks backends and graph sizes, as for users (on an H200: fa3, flashinfer sampling, decode graphs to 256).
 DEFAULT_COMMON_ARGS = "--mem-fraction-static 0.80"
-# The static memory fraction of the last of several servers started in turn on one GPU (sglang's check counts
-# memory other servers hold, so the k-th of n equal servers gets k/n of it).
-LAST_MEMORY_FRACTION = 0.85
+LAST_MEMORY_FRACTION = 0.85  # of the last of several servers sharing a GPU (memory_flags)
 ADAPTIVE_CONFIG_FILE = "adaptive_config.json"
 # sglang's DEFAULT_ADAPTIVE_CONFIG (srt/speculative/adaptive_spec_params.py) without its 7-step candidate, which
 # crashed in CUDA-graph capture; a batch uses the entry of the largest key <= its (graph padded) size.
@@ -69,11 +67,9 @@ def server_command(config: str, setup: ServerSetup) -> list[str]:
 
 
 def memory_flags(index: int, count: int, max_total_tokens: int) -> tuple[str, ...]:
-    """Flags of the ``index``-th of ``count`` servers started in turn on one GPU: one KV cap, and a static memory
-    fraction of (index + 1) / count of 0.85. sglang sizes a pool from the memory free at its start less
-    (1 - fraction) of the whole GPU, and the servers before it hold theirs, so each needs room for its own share and
-    theirs; the cap keeps any pool from taking more. (Until 2026-12-07 the fractions rose from 0.35, which left the
-    first of two 8B-shaped servers on an H100 101,776 tokens against a 120,000 cap.)"""
+    """Flags of the ``index``-th of ``count`` servers started in turn on one GPU: one KV cap, and (index + 1) / count
+    of 0.85 as the static memory fraction: sglang's sizing counts what the servers before it hold, so each needs room
+    for its share and theirs (a first of two at 0.35 got 101,776 of 120,000 tokens on an H100, 2026-12-07)."""
     fraction = LAST_MEMORY_FRACTION * (index + 1) / count
     return ("--mem-fraction-static", f"{fraction:.2f}", "--max-total-tokens", str(max_total_tokens))
 
