@@ -19,10 +19,10 @@ logprob minus the plain logprob of that token (infinite if the token is not amon
   top-2 margin above the tie margin), so the rule fits any bf16 model. Such a difference is not
   a tie under the 1e-3 rule, and sglang's own EAGLE3 server makes it as often (the 8B-shaped
   lossless test measures both). A token outside the plain top ``TOP_LOGPROBS``, or one whose
-  gap exceeds the margin, fails. ``TOP_LOGPROBS`` is 32 so that the list reaches past the flip
-  margin on a nearly flat dummy model: with 5, the 8B-shaped suite on triton (2026-12-07) failed
-  on a token outside the top 5 at a top-2 margin of 2 units, its gap unknown: a broken K/V write fails 41 of 64 prompts so (the negative
-  control of 2026-12-01).
+  gap exceeds the margin, fails: a broken K/V write fails 41 of 64 prompts so (the negative
+  control of 2026-12-01). ``TOP_LOGPROBS`` is 32, not 5, so that on a nearly flat dummy model the
+  list is likelier to reach past the flip margin: with 5, the 8B-shaped suite on triton
+  (2026-12-07) failed on a token outside the top 5 at a top-2 margin of 2 units, its gap unknown.
 """
 
 from __future__ import annotations
