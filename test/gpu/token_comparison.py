@@ -83,9 +83,13 @@ class FirstDifference:
     position: int
     margin: float  # the plain server's top-2 logprob margin there
     gap: float  # the plain best logprob minus the plain logprob of the other server's token
+    # Where that token is not among the plain top logprobs (gap infinite): the plain best minus
+    # the last one listed, which its gap is above.
+    gap_above: float = 0.0
 
     def as_tuple(self) -> tuple:
-        return (self.prompt, self.position, round(self.margin, 5), round(self.gap, 5))
+        gap = f">{self.gap_above:.5f}" if self.gap == float("inf") and self.gap_above else round(self.gap, 5)
+        return (self.prompt, self.position, round(self.margin, 5), gap)
 
 
 @dataclass
@@ -119,8 +123,10 @@ def classify(
         return None
     if position >= min(len(output_ids), len(plain_ids)):
         return "failures", FirstDifference(prompt, position, float("inf"), float("inf"))
+    ranked = top_logprobs(plain_output, position)
     difference = FirstDifference(prompt, position, top2_margin(plain_output, position),
-                                 gap_of(plain_output, position, output_ids[position]))
+                                 gap_of(plain_output, position, output_ids[position]),
+                                 ranked[0][0] - ranked[-1][0])
     if difference.gap < TIE_MARGIN:
         return "ties", difference
     if flip_margin is not None and difference.gap <= flip_margin:
