@@ -132,8 +132,13 @@ def test_problems_name_failed_runs_and_unequal_kv_pools():
     failed = {**traffic_run("eagle3", "poisson-4", 0.01, [0.01]), "status": "failed", "error": "server died\nx"}
     document = traffic_document([traffic_run("plain", "poisson-4", 0.01, [0.01]), failed])
     assert report.problem_lines(document) == ["- run `eagle3` poisson-4: failed: server died"]
+    equal = report.render_markdown(document)
     document["configs"]["dynamic"]["kv_tokens"] = 90000
     assert report.problem_lines(document)[-1].startswith("- KV pools differ (tokens): ")
+    # ... and say so under the header, before any ratio.
+    header = report.render_markdown(document).partition("## Output throughput")[0]
+    assert "\n\n**KV pools differ (tokens): {" in header and "'dynamic': 90000" in header
+    assert "KV pools differ" not in equal
 
 
 def test_sweep_files_keep_their_concurrency_rows_and_tables():

@@ -67,9 +67,8 @@ def server_command(config: str, setup: ServerSetup) -> list[str]:
 
 
 def memory_flags(index: int, count: int, max_total_tokens: int) -> tuple[str, ...]:
-    """Flags of the ``index``-th of ``count`` servers started in turn on one GPU: one KV cap, and (index + 1) / count
-    of 0.85 as the static memory fraction: sglang's sizing counts what the servers before it hold, so each needs room
-    for its share and theirs (a first of two at 0.35 got 101,776 of 120,000 tokens on an H100, 2026-12-07)."""
+    """The ``index``-th of ``count`` servers on one GPU: one KV cap; (index + 1) / count of 0.85 as static memory fraction
+    (sglang's sizing counts the servers before it; a first of two at 0.35 got 101,776 of 120,000 tokens, H100)."""
     fraction = LAST_MEMORY_FRACTION * (index + 1) / count
     return ("--mem-fraction-static", f"{fraction:.2f}", "--max-total-tokens", str(max_total_tokens))
 

@@ -152,7 +152,7 @@ def problem_lines(document: dict) -> list[str]:
     lines = [f"- {what}: {record['status']}: {(record.get('error') or '').partition(chr(10))[0]}"
              for what, record in problems if record["status"] != results.RUN_OK]
     pools = {name: config.get("kv_tokens") for name, config in document["configs"].items() if config.get("kv_tokens")}
-    if len(set(pools.values())) > 1:
+    if len(set(pools.values())) > 1:  # also said under the report's header
         lines.append(f"- KV pools differ (tokens): {pools}")
     return lines or ["None."]
 
@@ -185,7 +185,8 @@ def source_lines(document: dict) -> list[str]:
 def grid_markdown(document: dict) -> str:
     goodput_ms = document["sources"][-1]["settings"].get("goodput_tpot_ms")
     sections = [
-        ["# EAGLE3_DYNAMIC serving benchmark", "", *source_lines(document)],
+        ["# EAGLE3_DYNAMIC serving benchmark", "", *source_lines(document), *(f"\n**{line[2:]}**: every ratio below "
+         "compares servers of unequal capacity." for line in problem_lines(document) if line.startswith("- KV pools"))],
         ["## Output throughput (tok/s)", "", "Each cell: throughput (ratio to the best other configuration; "
          "above 1.00x means this configuration was the fastest). Bold: fastest.", "", *throughput_table(document)],
         ["## Request throughput (req/s)", "", *throughput_table(document, "request_throughput", 2)],
@@ -233,8 +234,8 @@ def grid_markdown(document: dict) -> str:
 
 
 def render_markdown(document: dict, goodput_tpot_ms: float | None = None) -> str:
-    """The report of a result document; runs with stored requests get their metrics computed
-    again from them (with ``goodput_tpot_ms``, a new goodput target)."""
+    """The report of a result document; runs with stored requests get their metrics computed again (with
+    ``goodput_tpot_ms``, a new goodput target)."""
     if "pairs" in document:
         return paired.report_markdown(document)
     settings = document["sources"][-1]["settings"]
