@@ -17,8 +17,8 @@ mkdir -p "$OUT"
 # Default: the tiny-pair suite with chain drafting (float32, exact comparisons); the tree and
 # catch-up control tests run with -k tree and -k control. Each other module runs in a call of
 # its own: the 8B-shaped test/gpu/test_dynamic_eagle_dummy8b.py (its negative control alone
-# with -k negative_control, the rest with -k "not negative_control"; on an 80 GB H100 split the rest
-# as its docstring says: four 8B-shaped servers do not fit), the README's tiny-pair
+# with -k negative_control, the rest in the README's two selections: four 8B-shaped servers do not
+# fit an 80 GB H100), the README's tiny-pair
 # demo test/gpu/test_quickstart_demo.py with the quickstart test/gpu/test_readme_quickstart.py and the Prometheus export test/gpu/test_prometheus_export.py, the soak test/gpu/test_soak.py, and
 # test/gpu/test_dynamic_eagle_configurations.py with -k non_overlap, -k fa3, -k mla_moe or
 # -k flashinfer. The 8B-shaped and tiny-pair suites' servers run sglang's own backends (on Hopper fa3,

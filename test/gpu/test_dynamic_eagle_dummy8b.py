@@ -16,8 +16,9 @@ prefill CUDA graphs) unless SGLANG_DE_TEST_BACKENDS=pinned (``gpu_servers.backen
 The four servers that the selected tests name start together (each KV pool capped by
 ``--max-total-tokens``); the negative control stops two of them and starts its own, so at most
 four run at once on one H200 and a ``-k`` selection starts only the servers its tests name. Four
-do not fit an 80 GB H100 (2026-12-07): there, run ``-k "not negative_control and not automatic and
-not bad_token"`` (three servers) and ``-k "automatic or bad_token"`` apart.
+do not fit an 80 GB H100 (2026-12-07), so the README and the GPU workflow run
+``-k "not negative_control and not automatic and not bad_token"`` (three servers) and
+``-k "automatic or bad_token"`` apart.
 """
 
 from __future__ import annotations
