@@ -109,9 +109,12 @@ def test_lossless_across_switches(servers):
         counters["plain_steps"] + counters["speculative_steps"])
 
 
-@pytest.mark.uses_servers("plain", "dynamic", "eagle3")  # counts the lossless test's steps
+@pytest.mark.uses_servers("dynamic")
 def test_plain_mode_replays_plain_graphs(servers):
     counters = servers["dynamic"].dynamic_counters()
+    if counters["plain_steps"] == 0:  # run without the lossless test: waves that switch, of its own
+        send_in_waves(servers["dynamic"], make_prompts(16, seed=1), WAVE_SIZE)
+        counters = servers["dynamic"].dynamic_counters()
     print(f"plain graph steps {counters['plain_graph_steps']} of {counters['plain_steps']}")
     assert counters["plain_steps"] > 0
     assert counters["plain_graph_steps"] == counters["plain_steps"]
